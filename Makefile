@@ -1,0 +1,22 @@
+# The two commands of the README: `make evaluate` (main job on the embedded default) and
+# `make test`. Both create the virtual environment on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU wheel of torch; an unpinned torch pulls a multi-GB CUDA build on CPU machines.
+TORCH ?= torch==2.13.0
+
+.PHONY: install evaluate test
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+evaluate: install
+	$(PY) evaluate.py $(ARGS)
+
+test: install
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)

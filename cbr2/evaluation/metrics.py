@@ -1,0 +1,96 @@
+"""Hits@1 and syntax error rate, overall and per category: the one place metrics are defined.
+
+Honesty rules that live here:
+* a prediction is right only if it has an executed answer that matches the gold one; a
+  program that failed to parse, type-check or execute is wrong, whatever the question;
+* SER is the share of generated programs that do not parse or type-check after the
+  deterministic repair; the share before repair is reported beside it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from datetime import date
+from typing import Any
+
+ERROR_KINDS = ("syntax", "type", "execution", "empty", "wrong")
+"""Why a prediction is wrong, in pipeline order; ``None`` means right."""
+
+_QUANTITY = re.compile(r"^([+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)(?:\s+(.+))?$")
+_DATE = re.compile(r"^(-?\d{1,4})[-/](\d{1,2})[-/](\d{1,2})$")
+
+
+def answers_match(pred: str, gold: str) -> bool:
+    """Whether a predicted KQA Pro answer string equals the gold one.
+
+    Exact after trimming; numbers with the same unit compare with a relative tolerance of
+    1e-6 (``"1.50 metre"`` = ``"1.5 metre"``); dates compare as dates (``/`` or ``-``).
+    """
+    pred, gold = pred.strip(), gold.strip()
+    if pred == gold:
+        return True
+    qp, qg = _QUANTITY.match(pred), _QUANTITY.match(gold)
+    if qp and qg and (qp.group(2) or "1") == (qg.group(2) or "1"):
+        return math.isclose(float(qp.group(1)), float(qg.group(1)), rel_tol=1e-6, abs_tol=1e-9)
+    dp, dg = _DATE.match(pred), _DATE.match(gold)
+    if dp and dg:
+        try:
+            return date(*map(int, dp.groups())) == date(*map(int, dg.groups()))
+        except ValueError:
+            return False
+    return False
+
+
+def is_correct(pred: str | Sequence[str] | None, gold: str | Sequence[str] | None) -> bool:
+    """Hits@1 of one prediction.
+
+    Args:
+        pred: One string (KQA Pro) or a list of names whose first is the top answer (MetaQA).
+        gold: One string (KQA Pro) or the set of gold names (MetaQA).
+    """
+    if pred is None or gold is None:
+        return False
+    if isinstance(gold, str):
+        return isinstance(pred, str) and answers_match(pred, gold)
+    top = pred if isinstance(pred, str) else (pred[0] if pred else None)
+    return top is not None and any(answers_match(top, g) for g in gold)
+
+
+def _rates(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    n = len(records)
+    if n == 0:
+        return {"hits@1": 0.0, "ser": 0.0, "ser_before_repair": 0.0, "n": 0}
+    return {
+        "hits@1": sum(bool(r["correct"]) for r in records) / n,
+        "ser": sum(r["syntax_error"] for r in records) / n,
+        "ser_before_repair": sum(r["syntax_error_before_repair"] for r in records) / n,
+        "n": n,
+    }
+
+
+def compute_metrics(records: Iterable[dict[str, Any]], categories: Sequence[str] = ()) -> dict[str, Any]:
+    """Aggregate prediction records into ``metrics.json``'s structure.
+
+    Args:
+        records: Prediction records with ``correct``, ``category``, ``error_kind``,
+            ``syntax_error`` and ``syntax_error_before_repair``.
+        categories: Categories to list first, in this order (others follow sorted).
+
+    Returns:
+        ``{"hits@1", "ser", "ser_before_repair", "n", "per_category": {cat: {...}},
+        "errors": {kind: count}}`` with fractions in [0, 1].
+    """
+    records = list(records)
+    by_cat: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_cat.setdefault(r["category"] or "unknown", []).append(r)
+    order = [c for c in categories if c in by_cat] + sorted(c for c in by_cat if c not in categories)
+    kinds = Counter(r["error_kind"] for r in records if r["error_kind"])
+    return {
+        **_rates(records),
+        "per_category": {c: _rates(by_cat[c]) for c in order},
+        "errors": {k: kinds.get(k, 0) for k in ERROR_KINDS},
+    }

@@ -1,0 +1,50 @@
+"""``report.md``: the overall line and a per-category table in the layout of the paper's Table 3."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cbr2.evaluation.metrics import ERROR_KINDS
+
+
+def pct(x: float) -> str:
+    """A fraction as a percentage with two decimals, as the paper prints them."""
+    return f"{100 * x:.2f}"
+
+
+def render_report(metrics: dict[str, Any], title: str) -> str:
+    """Markdown for one run.
+
+    Args:
+        metrics: The ``metrics.json`` structure.
+        title: First heading (benchmark and generator).
+    """
+    prov = metrics.get("provenance", {})
+    lines = [
+        f"# {title}",
+        "",
+        f"**Hits@1 {pct(metrics['hits@1'])}%** (higher is better) · **SER {pct(metrics['ser'])}%** "
+        f"(lower is better; {pct(metrics['ser_before_repair'])}% before repair) · n = {metrics['n']}",
+        "",
+        "## Per category",
+        "",
+        "| category | Hits@1 (%) ↑ | SER (%) ↓ | n |",
+        "|---|---:|---:|---:|",
+    ]
+    for cat, m in metrics["per_category"].items():
+        lines.append(f"| {cat} | {pct(m['hits@1'])} | {pct(m['ser'])} | {m['n']} |")
+    lines += ["", "## Errors", "", "| kind | count |", "|---|---:|"]
+    lines += [f"| {k} | {metrics['errors'].get(k, 0)} |" for k in ERROR_KINDS]
+    if prov:
+        lines += ["", "## Provenance", "",
+                  f"- split: {prov.get('split')} ({prov.get('data_root')})",
+                  f"- git: {prov.get('git')}",
+                  f"- python {prov.get('python')}; " + ", ".join(f"{k} {v}" for k, v in prov.get("packages", {}).items()),
+                  f"- command: `{prov.get('command')}`"]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(path: Path, metrics: dict[str, Any], title: str) -> None:
+    """Write ``report.md``."""
+    path.write_text(render_report(metrics, title), encoding="utf-8")

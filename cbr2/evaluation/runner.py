@@ -1,0 +1,155 @@
+"""The evaluation loop: questions → generator → scored predictions → metrics and report.
+
+``predictions.jsonl`` is appended (and flushed) as answers come, so a crashed or interrupted
+run resumes where it stopped: questions already in the file are not generated again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from cbr2.config import git_hash
+from cbr2.data.benchmarks import KQAPRO, Benchmark
+from cbr2.data.questions import KQAPRO_CATEGORIES, Question
+from cbr2.evaluation.metrics import compute_metrics
+from cbr2.evaluation.report import write_report
+from cbr2.kopl.executor import Executor
+from cbr2.llm import get_backend
+from cbr2.pipeline import score_generation
+
+log = logging.getLogger(__name__)
+
+IDENTITY_KEYS = ("data", "llm", "prompt")
+"""Config sections that decide what a prediction is; a resumed run must agree on them."""
+
+BATCH = 64
+
+
+def output_dir(cfg: DictConfig) -> Path:
+    """The run's folder: ``output_dir`` or ``outputs/{data.name}/{split}/{llm.backend}``."""
+    if cfg.output_dir:
+        return Path(cfg.output_dir)
+    return Path("outputs") / cfg.data.name / (cfg.data.split or "default") / cfg.llm.backend
+
+
+def select_questions(bench: Benchmark, cfg: DictConfig) -> list[Question]:
+    """The questions of the configured split, cut to ``eval.limit``.
+
+    Raises:
+        ValueError: If the split has no gold answers to score against.
+    """
+    questions = bench.questions(cfg.data.split)
+    if cfg.eval.limit is not None:
+        questions = questions[: cfg.eval.limit]
+    if any(q.answer is None for q in questions):
+        raise ValueError(f"{bench.name} split {cfg.data.split or bench.family.eval_split!r} has no gold answers "
+                         "(the official KQA Pro test set keeps them private); evaluate val instead")
+    return questions
+
+
+def run_evaluation(cfg: DictConfig) -> dict[str, Any]:
+    """Evaluate a configuration end to end and write its output folder.
+
+    Returns:
+        The metrics (also written to ``metrics.json``).
+    """
+    bench = Benchmark(cfg.data.name, cfg.data.root)
+    questions = select_questions(bench, cfg)
+    out = output_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_resumable(out, cfg)
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
+
+    pred_path = out / "predictions.jsonl"
+    done = load_predictions(pred_path)
+    todo = [q for q in questions if q.qid not in done]
+    log.info("%s: %d questions, %d already predicted in %s", bench.name, len(questions), len(questions) - len(todo), out)
+    if todo:
+        executor = Executor(bench.kb, cfg.eval.timeout_s)
+        backend = get_backend(cfg.llm.backend, fmt=cfg.prompt.format)
+        with pred_path.open("a", encoding="utf-8") as sink, tqdm(total=len(todo), desc="evaluate", unit="q") as bar:
+            for start in range(0, len(todo), BATCH):
+                batch = todo[start: start + BATCH]
+                for q, text in zip(batch, backend.generate(batch)):
+                    record = score_generation(text, q, bench, executor, cfg.prompt.format)
+                    sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    sink.flush()
+                    done[q.qid] = record
+                    bar.update()
+
+    records = [done[q.qid] for q in questions]
+    categories = KQAPRO_CATEGORIES if bench.family is KQAPRO else ("1-hop", "2-hop", "3-hop")
+    metrics = compute_metrics(records, categories)
+    metrics["provenance"] = provenance(cfg, bench)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    write_report(out / "report.md", metrics, title=f"{bench.name} · {cfg.llm.backend}")
+    return metrics
+
+
+def load_predictions(path: Path) -> dict[str, dict[str, Any]]:
+    """Records of an earlier (possibly interrupted) run, by question id.
+
+    A half-written last line (the process died mid-write) is dropped and the file is cut
+    back to its last complete record; a broken line elsewhere is an error.
+
+    Raises:
+        ValueError: Naming the file and line of a corrupt record before the last line.
+    """
+    if not path.exists():
+        return {}
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    records: dict[str, dict[str, Any]] = {}
+    for lineno, line in enumerate(lines, 1):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if lineno == len(lines):
+                log.warning("%s:%d: dropping a half-written record", path, lineno)
+                path.write_text("".join(lines[:-1]), encoding="utf-8")
+                break
+            raise ValueError(f"{path}:{lineno}: corrupt prediction record; remove the line or the file") from None
+        records[rec["id"]] = rec
+    if lines and not lines[-1].endswith("\n") and records:  # complete JSON but no newline: finish the line
+        with path.open("a", encoding="utf-8") as handle:
+            handle.write("\n")
+    return records
+
+
+def _check_resumable(out: Path, cfg: DictConfig) -> None:
+    """Refuse to mix predictions of different configurations in one folder."""
+    old_path = out / "config.yaml"
+    if not old_path.exists() or not (out / "predictions.jsonl").exists():
+        return
+    old = OmegaConf.load(old_path)
+    diff = [k for k in IDENTITY_KEYS if OmegaConf.to_container(old.get(k, {})) != OmegaConf.to_container(cfg[k])]
+    if diff:
+        raise ValueError(f"{out} holds predictions of a different configuration (sections {', '.join(diff)} differ); "
+                         "choose another output_dir or delete the folder")
+
+
+def provenance(cfg: DictConfig, bench: Benchmark) -> dict[str, Any]:
+    """What a result needs to be trusted and reproduced."""
+    versions = {}
+    for pkg in ("cbr2", "kopl", "omegaconf"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {
+        "config": OmegaConf.to_container(cfg),
+        "git": git_hash(),
+        "python": platform.python_version(),
+        "packages": versions,
+        "data_root": str(bench.root),
+        "split": cfg.data.split or bench.family.eval_split,
+        "command": " ".join(sys.argv),
+    }

@@ -1,0 +1,104 @@
+"""Shared fixtures: a tiny hand-written KB in both official schemas, and the embedded benchmarks."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _val(typ, value, unit=None):
+    v = {"type": typ, "value": value}
+    if unit is not None:
+        v["unit"] = unit
+    return v
+
+
+TINY_KB = {
+    "concepts": {
+        "C1": {"name": "human", "subclassOf": []},
+        "C2": {"name": "geographic location", "subclassOf": []},
+        "C3": {"name": "city", "subclassOf": ["C2"]},
+        "C4": {"name": "country", "subclassOf": ["C2"]},
+        "C5": {"name": "award", "subclassOf": []},
+    },
+    "entities": {
+        "Q1": {"name": "Marie Curie", "instanceOf": ["C1"],
+               "attributes": [{"key": "date of birth", "value": _val("date", "1867-11-07"), "qualifiers": {}},
+                              {"key": "height", "value": _val("quantity", 155, "centimetre"), "qualifiers": {}},
+                              {"key": "sex or gender", "value": _val("string", "female"), "qualifiers": {}}],
+               "relations": [{"relation": "place of birth", "direction": "forward", "object": "Q3", "qualifiers": {}},
+                             {"relation": "award received", "direction": "forward", "object": "Q5",
+                              "qualifiers": {"point in time": [_val("year", 1903)]}}]},
+        "Q2": {"name": "Pierre Curie", "instanceOf": ["C1"],
+               "attributes": [{"key": "date of birth", "value": _val("date", "1859-05-15"), "qualifiers": {}},
+                              {"key": "height", "value": _val("quantity", 180, "centimetre"), "qualifiers": {}}],
+               "relations": [{"relation": "place of birth", "direction": "forward", "object": "Q4", "qualifiers": {}},
+                             {"relation": "award received", "direction": "forward", "object": "Q5",
+                              "qualifiers": {"point in time": [_val("year", 1903)]}}]},
+        "Q3": {"name": "Warsaw", "instanceOf": ["C3"],
+               "attributes": [{"key": "population", "value": _val("quantity", 1790658, "1"),
+                               "qualifiers": {"point in time": [_val("year", 2021)]}},
+                              {"key": "elevation above sea level", "value": _val("quantity", -2.5, "metre"),
+                               "qualifiers": {}}],
+               "relations": [{"relation": "place of birth", "direction": "backward", "object": "Q1", "qualifiers": {}},
+                             {"relation": "country", "direction": "forward", "object": "Q6", "qualifiers": {}}]},
+        "Q4": {"name": "Paris", "instanceOf": ["C3"],
+               "attributes": [{"key": "population", "value": _val("quantity", 2145906, "1"),
+                               "qualifiers": {"point in time": [_val("year", 2020)]}},
+                              {"key": "elevation above sea level", "value": _val("quantity", 35, "metre"),
+                               "qualifiers": {}}],
+               "relations": [{"relation": "place of birth", "direction": "backward", "object": "Q2", "qualifiers": {}}]},
+        "Q5": {"name": "Nobel Prize in Physics", "instanceOf": ["C5"], "attributes": [],
+               "relations": [{"relation": "award received", "direction": "backward", "object": "Q1",
+                              "qualifiers": {"point in time": [_val("year", 1903)]}},
+                             {"relation": "award received", "direction": "backward", "object": "Q2",
+                              "qualifiers": {"point in time": [_val("year", 1903)]}}]},
+        "Q6": {"name": "Poland", "instanceOf": ["C4"],
+               "attributes": [{"key": "inception", "value": _val("year", 966), "qualifiers": {}}],
+               "relations": [{"relation": "country", "direction": "backward", "object": "Q3", "qualifiers": {}}]},
+    },
+}
+
+
+def to_old_schema(kb: dict) -> dict:
+    """The older published kb.json schema: concept parents as instanceOf, relations as predicate."""
+    old = copy.deepcopy(kb)
+    for con in old["concepts"].values():
+        con["instanceOf"] = con.pop("subclassOf")
+    for ent in old["entities"].values():
+        for rel in ent["relations"]:
+            rel["predicate"] = rel.pop("relation")
+    return old
+
+
+@pytest.fixture()
+def tiny_kb_dict() -> dict:
+    return copy.deepcopy(TINY_KB)
+
+
+@pytest.fixture(scope="session")
+def tiny_kb():
+    from cbr2.kb.loaders import kqapro_kb_from_dict
+
+    return kqapro_kb_from_dict(copy.deepcopy(TINY_KB), "tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_executor(tiny_kb):
+    from cbr2.kopl.executor import Executor
+
+    return Executor(tiny_kb)
+
+
+@pytest.fixture(scope="session", params=["mini-kqapro", "mini-metaqa"])
+def embedded(request):
+    """Each embedded benchmark with its KB and every split's questions, loaded once."""
+    from cbr2.data.benchmarks import Benchmark
+
+    bench = Benchmark(request.param)
+    splits = {s: bench.questions(s) for s in bench.family.splits}
+    return bench, splits

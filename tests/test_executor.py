@@ -1,0 +1,68 @@
+"""The executor: answers in the dataset's form, grounding, and failures that never become answers."""
+
+import pytest
+
+from cbr2.kopl.checker import check_text
+from cbr2.kopl.executor import ExecutionError
+
+
+def run(executor, text):
+    result = check_text(text)
+    assert result.ok, result.error
+    return executor.run(result.program)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("r1: Find[Marie Curie] → QueryAttr[height]", ["155 centimetre"]),
+    ("r1: Find[Marie Curie] → QueryAttr[date of birth]", ["1867-11-07"]),
+    ("r1: FindAll[] → FilterConcept[city] → Count[]", ["2"]),
+    # The engine counts subconcepts too (FindAll returns concepts): 3 entities + city + country.
+    ("r1: FindAll[] → FilterConcept[geographic location] → Count[]", ["5"]),
+    ("r1: FindAll[] → FilterConcept[city] → SelectAmong[population | largest]", ["Paris"]),
+    ("r1: Find[Marie Curie]\nr2: Find[Pierre Curie]\nr3: (r1, r2) → SelectBetween[height | greater]", ["Pierre Curie"]),
+    ("r1: Find[Nobel Prize in Physics] → Relate[award received | backward] "
+     "→ QFilterYear[point in time | 1903 | =] → QueryName[]", ["Marie Curie", "Pierre Curie"]),
+    ("r1: Find[Marie Curie]\nr2: Find[Nobel Prize in Physics]\n"
+     "r3: (r1, r2) → QueryRelationQualifier[award received | point in time]", ["1903"]),
+    ("r1: Find[Marie Curie]\nr2: Find[Warsaw]\nr3: (r1, r2) → QueryRelation[]", ["place of birth"]),
+    ("r1: Find[Warsaw] → QueryAttrUnderCondition[population | point in time | 2021] → VerifyNum[1000000 | >]", ["yes"]),
+    ("r1: Find[Poland] → QueryAttr[inception] → VerifyYear[1000 | >]", ["no"]),
+    ("r1: Find[Warsaw] → QueryAttr[elevation above sea level]", ["-2.5 metre"]),  # the engine would print -2
+])
+def test_answers(tiny_executor, text, expected):
+    assert run(tiny_executor, text) == expected
+
+
+@pytest.mark.parametrize("text, code", [
+    ("r1: Find[Maria Curie] → QueryAttr[height] → VerifyNum[150 centimetre | >]", "unknown_entity"),
+    ("r1: FindAll[] → FilterConcept[town] → Count[]", "unknown_concept"),
+    ("r1: Find[Marie Curie] → QueryAttr[altitude]", "unknown_key"),
+    ("r1: Find[Marie Curie] → Relate[born in | forward] → QueryName[]", "unknown_relation"),
+    ("r1: Find[Marie Curie] → Relate[award received | forward] → QFilterYear[year | 1903 | =] → Count[]",
+     "unknown_qualifier"),
+    ("r1: FindAll[] → FilterConcept[human] → SelectAmong[sex or gender | largest]", "IndexError"),
+])
+def test_failures_are_execution_errors_not_answers(tiny_executor, text, code):
+    with pytest.raises(ExecutionError) as info:
+        run(tiny_executor, text)
+    assert info.value.code == code
+
+
+def test_timeout(tiny_kb, monkeypatch):
+    import time
+
+    from cbr2.kopl.executor import Executor
+
+    executor = Executor(tiny_kb, timeout_s=0.2)
+    monkeypatch.setattr(executor.engine, "Count", lambda entities: time.sleep(5))
+    with pytest.raises(ExecutionError) as info:
+        run(executor, "r1: FindAll[] → Count[]")
+    assert info.value.code == "timeout"
+
+
+def test_the_engine_kb_is_a_copy(tiny_kb):
+    from cbr2.kopl.executor import Executor
+
+    Executor(tiny_kb)
+    Executor(tiny_kb)  # the engine mutates what it gets; a second engine from the same KB must work
+    assert "subclassOf" in tiny_kb.concepts["C3"]
