@@ -162,19 +162,32 @@ def load_metaqa_questions(root: str | Path, split: str, hops: tuple[int, ...] = 
         if len(qa_lines) != len(qtypes):
             raise DatasetFormatError(f"{qtype_path}: {len(qtypes)} lines, but {qa_path} has {len(qa_lines)}")
         for lineno, (line, qtype) in enumerate(zip(qa_lines, qtypes), 1):
-            text, tab, answers = line.partition("\t")
-            topics = _TOPIC.findall(text)
-            if not tab or len(topics) != 1:
-                raise DatasetFormatError(
-                    f"{qa_path}:{lineno}: expected 'question with one [topic entity]<TAB>answers', got {line!r}")
             try:
-                program = metaqa_program(topics[0], qtype)
+                text, topic, answers = parse_metaqa_line(line)
+            except ValueError as err:
+                raise DatasetFormatError(f"{qa_path}:{lineno}: {err}") from err
+            try:
+                program = metaqa_program(topic, qtype)
             except ValueError as err:
                 raise DatasetFormatError(f"{qtype_path}:{lineno}: {err}") from err
-            out.append(Question(
-                qid=f"{k}hop-{split}-{lineno}", question=text, program=program,
-                answer=[a for a in answers.split("|") if a], category=metaqa_category(program)))
+            out.append(Question(qid=f"{k}hop-{split}-{lineno}", question=text, program=program,
+                                answer=answers, category=metaqa_category(program)))
     return out
+
+
+def parse_metaqa_line(line: str) -> tuple[str, str, list[str]]:
+    """Split ``question with [topic]<TAB>a1|a2`` into text, topic and answers.
+
+    Answers are split on ``|`` only: names with commas (``Girl, Interrupted``) stay whole.
+
+    Raises:
+        ValueError: If the line has no tab or not exactly one bracketed topic.
+    """
+    text, tab, answers = line.rstrip("\r\n").partition("\t")
+    topics = _TOPIC.findall(text)
+    if not tab or len(topics) != 1:
+        raise ValueError(f"expected 'question with one [topic entity]<TAB>answers', got {line!r}")
+    return text, topics[0], [a for a in answers.split("|") if a]
 
 
 def metaqa_topics(program: Program) -> set[str]:
