@@ -76,6 +76,7 @@ def test_triples(tiny_kb):
     ({"type": "quantity", "value": 5.0, "unit": "1"}, "5"),
     ({"type": "quantity", "value": -2.5, "unit": "metre"}, "-2.5 metre"),
     ({"type": "date", "value": "1867/11/07"}, "1867-11-07"),
+    ({"type": "date", "value": "1998/7/6"}, "1998-07-06"),
     ({"type": "year", "value": 966}, "966"),
     ({"type": "string", "value": "female"}, "female"),
 ])

@@ -106,21 +106,26 @@ def load_predictions(path: Path) -> dict[str, dict[str, Any]]:
     """
     if not path.exists():
         return {}
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    text = path.read_text(encoding="utf-8")
+    # Split on "\n" only: JSON text may hold U+2028 and friends, which splitlines() breaks on.
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
     records: dict[str, dict[str, Any]] = {}
     for lineno, line in enumerate(lines, 1):
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
-            if lineno == len(lines):
+            if lineno == len(lines) and not text.endswith("\n"):
                 log.warning("%s:%d: dropping a half-written record", path, lineno)
-                path.write_text("".join(lines[:-1]), encoding="utf-8")
+                path.write_text("".join(f"{ln}\n" for ln in lines[:-1]), encoding="utf-8")
                 break
             raise ValueError(f"{path}:{lineno}: corrupt prediction record; remove the line or the file") from None
         records[rec["id"]] = rec
-    if lines and not lines[-1].endswith("\n") and records:  # complete JSON but no newline: finish the line
-        with path.open("a", encoding="utf-8") as handle:
-            handle.write("\n")
+    else:
+        if text and not text.endswith("\n"):  # complete record, killed before its newline
+            with path.open("a", encoding="utf-8") as handle:
+                handle.write("\n")
     return records
 
 

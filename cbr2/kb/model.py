@@ -9,7 +9,9 @@ what grounding checks and, later, canonicalisation and constrained decoding need
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
+from datetime import date
 from functools import cached_property
 from typing import Any
 
@@ -26,8 +28,19 @@ def format_value(value: dict[str, Any]) -> str:
         unit = value.get("unit", "1")
         return number if unit == "1" else f"{number} {unit}"
     if typ == "date":
-        return str(raw).replace("/", "-")
+        return _iso_date(str(raw))
+    if typ == "year":
+        return str(int(raw))
     return str(raw)
+
+
+def _iso_date(text: str) -> str:
+    """``1998/7/16`` → ``1998-07-16``; text that is not a date is returned unchanged."""
+    parts = re.split(r"[-/]", text.lstrip("-"))
+    try:
+        return date(*(int(p) for p in parts)).isoformat() if len(parts) == 3 else text
+    except ValueError:
+        return text
 
 
 def format_number(x: float) -> str:

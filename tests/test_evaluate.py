@@ -1,0 +1,152 @@
+"""`evaluate.py` end to end: gold scores 1/0 on every layout, failures are honest, runs resume."""
+
+import json
+import shutil
+
+import pytest
+
+from cbr2.config import ConfigError, load_config
+from cbr2.evaluation.runner import run_evaluation
+from conftest import to_old_schema
+
+FIELDS = {"id", "question", "category", "gold_answer", "answer", "correct", "generated", "program",
+          "error_kind", "repairs", "syntax_error", "syntax_error_before_repair"}
+
+
+def evaluate(tmp_path, *overrides):
+    cfg = load_config([f"output_dir={tmp_path / 'run'}", *overrides])
+    return run_evaluation(cfg), tmp_path / "run"
+
+
+@pytest.mark.parametrize("name, fmt", [("mini-kqapro", "dag"), ("mini-kqapro", "chain"),
+                                       ("mini-metaqa", "dag"), ("mini-metaqa", "chain")])
+def test_gold_scores_one_and_zero(tmp_path, name, fmt):
+    metrics, out = evaluate(tmp_path, f"data.name={name}", f"prompt.format={fmt}")
+    assert metrics["hits@1"] == 1.0 and metrics["ser"] == 0.0 and metrics["ser_before_repair"] == 0.0
+    assert metrics["n"] >= 450
+    assert all(m["hits@1"] == 1.0 for m in metrics["per_category"].values())
+    for f in ("predictions.jsonl", "metrics.json", "report.md", "config.yaml"):
+        assert (out / f).is_file()
+    lines = (out / "predictions.jsonl").read_text().splitlines()
+    assert len(lines) == metrics["n"] and FIELDS <= json.loads(lines[0]).keys()
+    assert json.loads((out / "metrics.json").read_text())["n"] == metrics["n"]
+
+
+def test_official_kqapro_layout_in_the_older_kb_schema(tmp_path):
+    from cbr2.data.benchmarks import EMBEDDED_ROOT
+
+    root = tmp_path / "KQAPro"
+    root.mkdir()
+    kb = json.loads((EMBEDDED_ROOT / "mini-kqapro" / "kb.json").read_text())
+    (root / "kb.json").write_text(json.dumps(to_old_schema(kb)))
+    val = json.loads((EMBEDDED_ROOT / "mini-kqapro" / "val.json").read_text())
+    for item in val[::2]:  # redistributed copies write `rewrite` instead of `question`
+        item["rewrite"] = item.pop("question")
+    (root / "val.json").write_text(json.dumps(val))
+    metrics, _ = evaluate(tmp_path, "data.name=kqapro", f"data.root={root}")
+    assert (metrics["hits@1"], metrics["ser"], metrics["n"]) == (1.0, 0.0, 450)
+
+
+def test_official_metaqa_layout(tmp_path):
+    from cbr2.data.benchmarks import EMBEDDED_ROOT
+
+    root = tmp_path / "MetaQA"
+    shutil.copytree(EMBEDDED_ROOT / "mini-metaqa", root)
+    metrics, _ = evaluate(tmp_path, "data.name=metaqa", f"data.root={root}", "data.split=dev")
+    assert (metrics["hits@1"], metrics["ser"]) == (1.0, 0.0)
+    assert set(metrics["per_category"]) == {"1-hop", "2-hop", "3-hop"}
+
+
+def test_config_errors_are_clear():
+    with pytest.raises(ConfigError, match=r"unknown key 'data\.nmae'.*valid keys: .*data\.name"):
+        load_config(["data.nmae=x"])
+    with pytest.raises(ConfigError, match="eval.limit"):
+        load_config(["eval.limit=many"])
+    with pytest.raises(ValueError, match="unknown data.name 'kqa'"):
+        run_evaluation(load_config(["data.name=kqa"]))
+    with pytest.raises(ValueError, match="needs data.root"):
+        run_evaluation(load_config(["data.name=kqapro"]))
+    with pytest.raises(ValueError, match="gold answers"):
+        run_evaluation(load_config(["data.split=test"]))
+    with pytest.raises(ValueError, match="unknown llm.backend 'gld'.*did you mean gold"):
+        run_evaluation(load_config(["llm.backend=gld", "eval.limit=1", "output_dir=/tmp/cbr2-test-gld"]))
+
+
+class _Scripted:
+    """A generator that writes given texts; counts what it was asked to generate."""
+
+    calls = []
+
+    def __init__(self, fmt="dag"):
+        pass
+
+    def generate(self, questions):
+        _Scripted.calls += [q.qid for q in questions]
+        return [_Scripted.script(q) for q in questions]
+
+
+@pytest.fixture()
+def scripted(monkeypatch):
+    from cbr2 import llm
+
+    monkeypatch.setitem(llm.BACKENDS, "scripted", "test_evaluate:_Scripted")
+    _Scripted.calls = []
+    return _Scripted
+
+
+def test_garbage_is_a_counted_syntax_error_never_a_crash(tmp_path, scripted):
+    scripted.script = staticmethod(lambda q: "I think the answer is yes.\u2028\n```python\nprint(42)\n```")
+    metrics, out = evaluate(tmp_path, "llm.backend=scripted", "eval.limit=30")
+    assert metrics["hits@1"] == 0.0 and metrics["ser"] == 1.0 and metrics["errors"]["syntax"] == 30
+    assert evaluate(tmp_path, "llm.backend=scripted", "eval.limit=30")[0]["n"] == 30  # U+2028 survives a resume
+
+
+def test_a_corrupt_record_inside_the_file_is_reported_not_skipped(tmp_path, scripted):
+    scripted.script = staticmethod(lambda q: "r1: Find[X] → QueryName[]")
+    _, out = evaluate(tmp_path, "llm.backend=scripted", "eval.limit=5")
+    lines = (out / "predictions.jsonl").read_text().split("\n")
+    lines[2] = lines[2][:10]
+    (out / "predictions.jsonl").write_text("\n".join(lines))
+    with pytest.raises(ValueError, match=r"predictions\.jsonl:3: corrupt"):
+        evaluate(tmp_path, "llm.backend=scripted", "eval.limit=5")
+
+
+def test_unknown_names_are_execution_errors_even_on_no_questions(tmp_path, scripted):
+    # The reference engine answers a Verify on an unknown entity with "no"; that must not score.
+    scripted.script = staticmethod(
+        lambda q: "r1: Find[No Such Entity] → QueryAttr[height] → VerifyNum[1 centimetre | >]")
+    metrics, out = evaluate(tmp_path, "llm.backend=scripted")
+    verify = metrics["per_category"]["Verify"]
+    assert verify["hits@1"] == 0.0 and verify["ser"] == 0.0
+    assert metrics["errors"]["execution"] == metrics["n"]
+
+
+def test_repair_is_recorded_and_ser_counts_before_and_after(tmp_path, scripted):
+    from cbr2.kopl.text import to_dag_text
+
+    scripted.script = staticmethod(lambda q: to_dag_text(q.program).replace("→", "->") + "\nQuestion: next one")
+    metrics, out = evaluate(tmp_path, "llm.backend=scripted", "eval.limit=20")
+    assert metrics["hits@1"] == 1.0 and metrics["ser"] == 0.0 and metrics["ser_before_repair"] == 1.0
+    first = json.loads((out / "predictions.jsonl").read_text().splitlines()[0])
+    assert {"normalise_arrows", "drop_trailing_text"} <= set(first["repairs"])
+
+
+def test_an_interrupted_run_resumes_without_regenerating(tmp_path, scripted):
+    from cbr2.kopl.text import to_dag_text
+
+    scripted.script = staticmethod(lambda q: to_dag_text(q.program))
+    full, out = evaluate(tmp_path, "llm.backend=scripted", "eval.limit=40")
+    pred = out / "predictions.jsonl"
+    lines = pred.read_text().splitlines(keepends=True)
+    pred.write_text("".join(lines[:25]) + lines[25][:17])  # killed mid-write
+    scripted.calls = []
+    resumed, _ = evaluate(tmp_path, "llm.backend=scripted", "eval.limit=40")
+    assert len(scripted.calls) == 15
+    assert {k: v for k, v in resumed.items() if k != "provenance"} == {k: v for k, v in full.items() if k != "provenance"}
+    assert pred.read_text().count("\n") == 40 and pred.read_text().endswith("}\n")
+    pred.write_text(pred.read_text()[:-1])  # killed between a record and its newline
+    scripted.calls = []
+    assert evaluate(tmp_path, "llm.backend=scripted", "eval.limit=40")[0]["n"] == 40 and not scripted.calls
+    assert pred.read_text().count("\n") == 40
+    with pytest.raises(ValueError, match="different configuration"):
+        evaluate(tmp_path, "llm.backend=scripted", "eval.limit=40", "prompt.format=chain")
