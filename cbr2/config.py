@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
@@ -24,9 +24,9 @@ class DataConfig:
 
     name: str = "mini-kqapro"
     """``mini-kqapro``, ``mini-metaqa``, ``kqapro`` or ``metaqa``."""
-    root: Optional[str] = None
+    root: str | None = None
     """Folder in the official layout; the embedded copy for ``mini-*`` when unset."""
-    split: Optional[str] = None
+    split: str | None = None
     """Split to evaluate; the family's default (KQA Pro ``val``, MetaQA ``test``) when unset."""
 
 
@@ -50,7 +50,7 @@ class PromptConfig:
 class EvalConfig:
     """Evaluation loop settings."""
 
-    limit: Optional[int] = None
+    limit: int | None = None
     """Evaluate only the first N questions of the split."""
     timeout_s: float = 10.0
     """Per-program execution time limit in seconds."""
@@ -64,7 +64,7 @@ class Config:
     llm: LLMConfig = field(default_factory=LLMConfig)
     prompt: PromptConfig = field(default_factory=PromptConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    output_dir: Optional[str] = None
+    output_dir: str | None = None
     """Where results go; ``outputs/{data.name}/{split}/{llm.backend}`` when unset."""
 
 

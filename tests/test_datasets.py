@@ -89,7 +89,7 @@ def test_real_metaqa_question_lines_parse():
         assert all(answers and all("|" not in a for a in answers) for _, _, answers in parsed)
     assert counts == {1: 9947, 2: 14872, 3: 14274}
     assert (comma_lines, comma_topics) == (192, 100)
-    text, topic, answers = parse_metaqa_line("what does [Grégoire Colin] appear in\tBefore the Rain")
+    _, topic, answers = parse_metaqa_line("what does [Grégoire Colin] appear in\tBefore the Rain")
     assert topic == "Grégoire Colin" and answers == ["Before the Rain"]
 
 

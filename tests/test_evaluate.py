@@ -4,10 +4,10 @@ import json
 import shutil
 
 import pytest
+from conftest import to_old_schema
 
 from cbr2.config import ConfigError, load_config
 from cbr2.evaluation.runner import run_evaluation
-from conftest import to_old_schema
 
 FIELDS = {"id", "question", "category", "gold_answer", "answer", "correct", "generated", "program",
           "error_kind", "repairs", "syntax_error", "syntax_error_before_repair"}
@@ -75,7 +75,7 @@ def test_config_errors_are_clear():
 class _Scripted:
     """A generator that writes given texts; counts what it was asked to generate."""
 
-    calls = []
+    calls: list[str] = []  # noqa: RUF012 - reset by the fixture, read by the tests
 
     def __init__(self, fmt="dag"):
         pass
@@ -96,7 +96,7 @@ def scripted(monkeypatch):
 
 def test_garbage_is_a_counted_syntax_error_never_a_crash(tmp_path, scripted):
     scripted.script = staticmethod(lambda q: "I think the answer is yes.\u2028\n```python\nprint(42)\n```")
-    metrics, out = evaluate(tmp_path, "llm.backend=scripted", "eval.limit=30")
+    metrics, _ = evaluate(tmp_path, "llm.backend=scripted", "eval.limit=30")
     assert metrics["hits@1"] == 0.0 and metrics["ser"] == 1.0 and metrics["errors"]["syntax"] == 30
     assert evaluate(tmp_path, "llm.backend=scripted", "eval.limit=30")[0]["n"] == 30  # U+2028 survives a resume
 
@@ -115,7 +115,7 @@ def test_unknown_names_are_execution_errors_even_on_no_questions(tmp_path, scrip
     # The reference engine answers a Verify on an unknown entity with "no"; that must not score.
     scripted.script = staticmethod(
         lambda q: "r1: Find[No Such Entity] → QueryAttr[height] → VerifyNum[1 centimetre | >]")
-    metrics, out = evaluate(tmp_path, "llm.backend=scripted")
+    metrics, _ = evaluate(tmp_path, "llm.backend=scripted")
     verify = metrics["per_category"]["Verify"]
     assert verify["hits@1"] == 0.0 and verify["ser"] == 0.0
     assert metrics["errors"]["execution"] == metrics["n"]

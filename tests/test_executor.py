@@ -20,10 +20,10 @@ def run(executor, text):
     ("r1: FindAll[] → FilterConcept[geographic location] → Count[]", ["5"]),
     ("r1: FindAll[] → FilterConcept[city] → SelectAmong[population | largest]", ["Paris"]),
     ("r1: Find[Marie Curie]\nr2: Find[Pierre Curie]\nr3: (r1, r2) → SelectBetween[height | greater]", ["Pierre Curie"]),
-    ("r1: Find[Nobel Prize in Physics] → Relate[award received | backward] "
-     "→ QFilterYear[point in time | 1903 | =] → QueryName[]", ["Marie Curie", "Pierre Curie"]),
-    ("r1: Find[Marie Curie]\nr2: Find[Nobel Prize in Physics]\n"
-     "r3: (r1, r2) → QueryRelationQualifier[award received | point in time]", ["1903"]),
+    (("r1: Find[Nobel Prize in Physics] → Relate[award received | backward] "
+      "→ QFilterYear[point in time | 1903 | =] → QueryName[]"), ["Marie Curie", "Pierre Curie"]),
+    (("r1: Find[Marie Curie]\nr2: Find[Nobel Prize in Physics]\n"
+      "r3: (r1, r2) → QueryRelationQualifier[award received | point in time]"), ["1903"]),
     ("r1: Find[Marie Curie]\nr2: Find[Warsaw]\nr3: (r1, r2) → QueryRelation[]", ["place of birth"]),
     ("r1: Find[Warsaw] → QueryAttrUnderCondition[population | point in time | 2021] → VerifyNum[1000000 | >]", ["yes"]),
     ("r1: Find[Poland] → QueryAttr[inception] → VerifyYear[1000 | >]", ["no"]),

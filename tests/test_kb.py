@@ -3,11 +3,11 @@
 import json
 
 import pytest
+from conftest import to_old_schema
 
 from cbr2.kb.loaders import KBFormatError, load_kqapro_kb, load_metaqa_kb
 from cbr2.kb.model import format_value
 from cbr2.kb.triples import fact_triples, ontology_triples
-from conftest import to_old_schema
 
 
 def test_both_kqapro_schemas_give_the_same_kb(tmp_path, tiny_kb_dict):

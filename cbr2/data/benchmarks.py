@@ -11,7 +11,12 @@ from functools import cached_property
 from pathlib import Path
 
 from cbr2.data.questions import (
-    DatasetFormatError, Question, load_kqapro_questions, load_metaqa_questions, metaqa_topics)
+    DatasetFormatError,
+    Question,
+    load_kqapro_questions,
+    load_metaqa_questions,
+    metaqa_topics,
+)
 from cbr2.kb.loaders import load_kqapro_kb, load_metaqa_kb
 from cbr2.kb.model import KB
 from cbr2.kopl.program import Program

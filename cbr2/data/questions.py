@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from cbr2.kopl.program import Program, ProgramError
-from cbr2.kopl.program import Step
+from cbr2.kopl.program import Program, ProgramError, Step
 
 KQAPRO_CATEGORIES = (
     "Count", "QueryAttr", "QueryAttrQualifier", "QueryName", "QueryRelation",
@@ -125,7 +125,7 @@ def metaqa_program(topic: str, qtype: str) -> Program:
     if len(tokens) < 2:
         raise ValueError(f"qtype {qtype!r} is not a chain like 'movie_to_director'")
     steps = [Step("Find", (topic,), ())]
-    for a, b in zip(tokens, tokens[1:]):
+    for a, b in pairwise(tokens):
         if a == "movie" and b in METAQA_TYPES:
             relation, direction = METAQA_TYPES[b], "forward"
         elif b == "movie" and a in METAQA_TYPES:

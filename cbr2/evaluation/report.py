@@ -24,8 +24,8 @@ def render_report(metrics: dict[str, Any], title: str) -> str:
     lines = [
         f"# {title}",
         "",
-        f"**Hits@1 {pct(metrics['hits@1'])}%** (higher is better) · **SER {pct(metrics['ser'])}%** "
-        f"(lower is better; {pct(metrics['ser_before_repair'])}% before repair) · n = {metrics['n']}",
+        (f"**Hits@1 {pct(metrics['hits@1'])}%** (higher is better) · **SER {pct(metrics['ser'])}%** "
+         f"(lower is better; {pct(metrics['ser_before_repair'])}% before repair) · n = {metrics['n']}"),
         "",
         "## Per category",
         "",

@@ -121,4 +121,4 @@ def check_program(program: Program) -> CheckResult:
     return CheckResult(program, None)
 
 
-__all__ = ["CheckResult", "check_program", "check_text", "check_types", "TYPE"]
+__all__ = ["TYPE", "CheckResult", "check_program", "check_text", "check_types"]

@@ -142,7 +142,7 @@ class Executor:
                     memory.append(func(*(memory[d] for d in step.dependencies), *step.inputs))
         except ExecutionError:
             raise
-        except Exception as err:  # noqa: BLE001 - any engine failure is an execution error
+        except Exception as err:
             raise ExecutionError(type(err).__name__, f"{type(err).__name__}: {err}") from err
         result = memory[-1]
         if isinstance(result, tuple):  # an entity set: the program did not end with a query

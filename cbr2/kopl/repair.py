@@ -12,15 +12,15 @@ import re
 from collections.abc import Callable
 
 from cbr2.kopl.functions import get_spec
-from cbr2.kopl.text import ARROW, split_top
+from cbr2.kopl.text import ARROW, split_top, tokens
 
 _ARROWS = re.compile(r"\s*(?:-+>|=+>|—+>|–+>|⟶|➔|➜|⇒|=>)\s*")
 _LABELLED = re.compile(r"^\s*r\s*(\d+)\s*[:：]\s*(.*)$")
 _CALL_START = re.compile(r"^\s*(?:\(\s*r\d+\s*,\s*r\d+\s*\)|r\d+|[A-Z][A-Za-z]*\s*\[)")
 _REF_HEAD = re.compile(r"^\s*(?:\(\s*r\d+\s*,\s*r\d+\s*\)|r\d+)\s*$")
 _FENCE = re.compile(r"^\s*```")
-_PROGRAM_PREFIX = re.compile(r"^\s*(?:program|kopl|answer)\s*:\s*", re.I)
-_ENUM_PREFIX = re.compile(r"^\s*(?:step\s*)?\d+\s*[.):]\s*", re.I)
+_PROGRAM_PREFIX = re.compile(r"^\s*(?:program|kopl|answer)\s*:\s*", re.IGNORECASE)
+_ENUM_PREFIX = re.compile(r"^\s*(?:step\s*)?\d+\s*[.):]\s*", re.IGNORECASE)
 _QUOTED = re.compile(r"""^(["'`“”‘’])(.*)(["'`“”‘’])$""")
 
 
@@ -94,25 +94,19 @@ def _fix_calls(text: str, fmt: str) -> str:
 
 def _close_brackets(body: str) -> str:
     """Close a ``[`` left open before the next ``→`` or the end of the line."""
-    out, depth, i = [], 0, 0
-    while i < len(body):
-        ch = body[i]
-        if ch == "\\" and i + 1 < len(body):
-            out.append(body[i:i + 2])
-            i += 2
-            continue
-        if ch == ARROW and depth:
+    out, depth = [], 0
+    for tok in tokens(body):
+        if tok == ARROW and depth:
             out.append("]" * depth + " ")
             depth = 0
-        depth += ch == "["
-        depth -= ch == "]" and depth > 0
-        out.append(ch)
-        i += 1
+        depth += tok == "["
+        depth -= tok == "]" and depth > 0
+        out.append(tok)
     return "".join(out).rstrip() + "]" * depth
 
 
 def _fix_call(segment: str) -> str:
-    m = re.match(r"^([A-Za-z_]\w*)\s*(\[.*)?$", segment, re.S)
+    m = re.match(r"^([A-Za-z_]\w*)\s*(\[.*)?$", segment, re.DOTALL)
     if not m or get_spec(m.group(1)) is None:
         return segment
     name, rest = m.group(1), (m.group(2) or "[]")

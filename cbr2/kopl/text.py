@@ -26,7 +26,7 @@ ARROW = "→"
 FORMATS = ("dag", "chain")
 
 _ESCAPED = re.compile(r"([\\|\[\]])")
-_CALL = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\[(.*)\]$", re.S)
+_CALL = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\[(.*)\]$", re.DOTALL)
 _REF = re.compile(r"^r(\d+)$")
 _TUPLE = re.compile(r"^\(\s*r(\d+)\s*,\s*r(\d+)\s*\)$")
 _LABEL = re.compile(r"^\s*r(\d+)\s*:\s*(.*)$")
@@ -90,35 +90,33 @@ def to_chain_text(program: Program) -> str:
 
 def to_text(program: Program, fmt: str = "dag") -> str:
     """Render in ``dag`` or ``chain`` form."""
-    if fmt == "dag":
-        return to_dag_text(program)
-    if fmt == "chain":
-        return to_chain_text(program)
-    raise ValueError(f"unknown program format {fmt!r}; expected one of {FORMATS}")
+    return _by_format({"dag": to_dag_text, "chain": to_chain_text}, fmt)(program)
+
+
+def _by_format(table: dict, fmt: str):
+    if fmt not in table:
+        raise ValueError(f"unknown program format {fmt!r}; expected one of {FORMATS}")
+    return table[fmt]
 
 
 # ------------------------------------------------------------------ parsing
 
+def tokens(text: str) -> list[str]:
+    """Characters of ``text``, with each backslash escape (``\\|``) kept as one token."""
+    return re.findall(r"\\.|.", text, re.DOTALL)
+
+
 def split_top(text: str, sep: str) -> list[str]:
-    """Split on ``sep`` outside brackets, honouring backslash escapes."""
-    parts, buf, depth, i = [], [], 0, 0
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\" and i + 1 < len(text):
-            buf.append(text[i:i + 2])
-            i += 2
-            continue
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth = max(0, depth - 1)
-        if depth == 0 and text.startswith(sep, i):
+    """Split on ``sep`` (a single character) outside brackets, honouring backslash escapes."""
+    parts, buf, depth = [], [], 0
+    for tok in tokens(text):
+        if tok == sep and depth == 0:
             parts.append("".join(buf))
             buf = []
-            i += len(sep)
             continue
-        buf.append(ch)
-        i += 1
+        depth += tok == "["
+        depth -= tok == "]" and depth > 0
+        buf.append(tok)
     parts.append("".join(buf))
     return parts
 
@@ -251,8 +249,4 @@ def parse_chain_text(text: str) -> Program:
 
 def parse_text(text: str, fmt: str = "dag") -> Program:
     """Parse program text in ``dag`` or ``chain`` form."""
-    if fmt == "dag":
-        return parse_dag_text(text)
-    if fmt == "chain":
-        return parse_chain_text(text)
-    raise ValueError(f"unknown program format {fmt!r}; expected one of {FORMATS}")
+    return _by_format({"dag": parse_dag_text, "chain": parse_chain_text}, fmt)(text)

@@ -24,18 +24,15 @@ from typing import Any
 
 import yaml
 
-TYPES = {
-    # qtype token -> (KB relation, YAML key of the movie entry)
-    "director": ("directed_by", "directors"),
-    "writer": ("written_by", "writers"),
-    "actor": ("starred_actors", "actors"),
-    "year": ("release_year", "year"),
-    "language": ("in_language", "languages"),
-    "tags": ("has_tags", "tags"),
-    "genre": ("has_genre", "genres"),
-    "imdbvotes": ("has_imdb_votes", "votes"),
-    "imdbrating": ("has_imdb_rating", "rating"),
+from cbr2.data.questions import METAQA_TYPES
+
+YAML_KEYS = {
+    # qtype token -> key of the movie entry in the YAML source
+    "director": "directors", "writer": "writers", "actor": "actors", "year": "year",
+    "language": "languages", "tags": "tags", "genre": "genres", "imdbvotes": "votes", "imdbrating": "rating",
 }
+# qtype token -> (KB relation, YAML key); the relation comes from the one table the readers use.
+TYPES = {token: (METAQA_TYPES[token], key) for token, key in YAML_KEYS.items()}
 SIZES = {"train": 500, "dev": 100, "test": 150}
 MAX_ANSWERS = 30
 SOURCE = Path(__file__).resolve().parents[1] / "sources" / "mini_metaqa_movies.yaml"
