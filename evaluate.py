@@ -12,7 +12,7 @@ import logging
 import sys
 
 from cbr2.config import CONFIG_DIR, ConfigError, load_config
-from cbr2.evaluation.runner import output_dir, run_evaluation
+from cbr2.evaluation.runner import run_evaluation
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"Hits@1 {metrics['hits@1']:.4f}  SER {metrics['ser']:.4f}  n={metrics['n']}  -> {output_dir(cfg)}")
+    where = metrics["provenance"]["output_dir"]
+    print(f"Hits@1 {metrics['hits@1']:.4f}  SER {metrics['ser']:.4f}  n={metrics['n']}  -> {where}")
     return 0
 
 

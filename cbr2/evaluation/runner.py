@@ -34,11 +34,11 @@ IDENTITY_KEYS = ("data", "llm", "prompt")
 BATCH = 64
 
 
-def output_dir(cfg: DictConfig) -> Path:
+def output_dir(cfg: DictConfig, bench: Benchmark) -> Path:
     """The run's folder: ``output_dir`` or ``outputs/{data.name}/{split}/{llm.backend}``."""
     if cfg.output_dir:
         return Path(cfg.output_dir)
-    return Path("outputs") / cfg.data.name / (cfg.data.split or "default") / cfg.llm.backend
+    return Path("outputs") / cfg.data.name / (cfg.data.split or bench.family.eval_split) / cfg.llm.backend
 
 
 def select_questions(bench: Benchmark, cfg: DictConfig) -> list[Question]:
@@ -64,7 +64,7 @@ def run_evaluation(cfg: DictConfig) -> dict[str, Any]:
     """
     bench = Benchmark(cfg.data.name, cfg.data.root)
     questions = select_questions(bench, cfg)
-    out = output_dir(cfg)
+    out = output_dir(cfg, bench)
     out.mkdir(parents=True, exist_ok=True)
     _check_resumable(out, cfg)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
@@ -89,7 +89,7 @@ def run_evaluation(cfg: DictConfig) -> dict[str, Any]:
     records = [done[q.qid] for q in questions]
     categories = KQAPRO_CATEGORIES if bench.family is KQAPRO else ("1-hop", "2-hop", "3-hop")
     metrics = compute_metrics(records, categories)
-    metrics["provenance"] = provenance(cfg, bench)
+    metrics["provenance"] = {**provenance(cfg, bench), "output_dir": str(out)}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     write_report(out / "report.md", metrics, title=f"{bench.name} · {cfg.llm.backend}")
     return metrics
