@@ -142,7 +142,7 @@ class Executor:
                     memory.append(func(*(memory[d] for d in step.dependencies), *step.inputs))
         except ExecutionError:
             raise
-        except Exception as err:
+        except Exception as err:  # any engine failure (KeyError, IndexError, ...) is an execution error
             raise ExecutionError(type(err).__name__, f"{type(err).__name__}: {err}") from err
         result = memory[-1]
         if isinstance(result, tuple):  # an entity set: the program did not end with a query
