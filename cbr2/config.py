@@ -57,15 +57,128 @@ class EvalConfig:
 
 
 @dataclass
+class RetrievalConfig:
+    """Knowledge and case retrieval (the paper's Section 4 and 5.1)."""
+
+    encoder: str = "sentence-transformers/all-MiniLM-L6-v2"
+    """Encoder of triples and of semantic cases; the paper uses ``BAAI/bge-m3`` (GPU nodes)."""
+    device: str = "auto"
+    """``auto`` (CUDA when visible), ``cpu``, ``cuda``, ``cuda:1`` ..."""
+    batch_size: int = 64
+    """Texts per encoder forward pass."""
+    index: str = "flat"
+    """FAISS index: ``flat`` (exact inner product), ``hnsw`` or ``ivf`` (approximate, for large KBs)."""
+    k_ontology: int = 10
+    """Ontology triples per question (K_o)."""
+    k_facts: int = 10
+    """Fact triples per question (K_f)."""
+    k_semantic: int = 5
+    """Cases from the semantic view (k_s)."""
+    k_structural: int = 5
+    """Cases from the structural view (k_r)."""
+    cases: str = "dual"
+    """``dual`` (semantic + structural, merged), ``semantic``, ``structural``, ``random`` or ``none``."""
+    seed: int = 0
+    """Seed of ``cases=random``."""
+    cache_dir: str | None = None
+    """Embedding/index cache; ``$CBR2_CACHE_DIR`` or ``~/.cache/cbr2`` when unset."""
+
+
+@dataclass
+class StructuralConfig:
+    """Which trained structural retriever evaluation uses."""
+
+    checkpoint: str | None = None
+    """A folder ``SentenceTransformer(path)`` loads; the newest one trained on ``data.name`` when unset."""
+    checkpoints_dir: str = "checkpoints"
+    """Where ``train.py`` exports retrievers and where the newest is looked up."""
+
+
+@dataclass
 class Config:
     """Everything ``evaluate.py`` reads."""
 
     data: DataConfig = field(default_factory=DataConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
     prompt: PromptConfig = field(default_factory=PromptConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    structural: StructuralConfig = field(default_factory=StructuralConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output_dir: str | None = None
     """Where results go; ``outputs/{data.name}/{split}/{llm.backend}`` when unset."""
+
+
+@dataclass
+class TrainDataConfig:
+    """Which benchmark's training split the structural retriever learns from."""
+
+    name: str = "mini-kqapro"
+    """``mini-kqapro``, ``mini-metaqa``, ``kqapro`` or ``metaqa``."""
+    root: str | None = None
+    """Folder in the official layout; the embedded copy for ``mini-*`` when unset."""
+
+
+@dataclass
+class StructuralTrainConfig:
+    """The structural retriever and how it is trained (the paper's Section 4.2)."""
+
+    backbone: str = "sentence-transformers/all-MiniLM-L6-v2"
+    """Encoder to fine-tune (hub id, local folder, or packaged hub id)."""
+    label: str = "seqmatch"
+    """Program similarity: ``seqmatch`` (difflib SequenceMatcher ratio) or ``lcs`` (normalised LCS)."""
+    label_bins: int = 5
+    """Pairs are drawn evenly from this many equal-width label bins over [0, 1]."""
+    pairs_per_epoch: int = 1280
+    """Training pairs streamed per epoch (fresh each epoch, split across DDP ranks)."""
+    val_pairs: int = 500
+    """Held-out pairs for ``val/mse`` and ``val/spearman``."""
+    holdout: float = 0.1
+    """Share of training questions held out for validation (never paired with training ones)."""
+    batch_size: int = 16
+    """Pairs per optimisation step (per device)."""
+    lr: float = 1e-4
+    """Peak AdamW learning rate."""
+    warmup_ratio: float = 0.1
+    """Share of the steps with linear warm-up."""
+    max_seq_length: int = 64
+    """Question tokens the encoder reads."""
+    checkpoints_dir: str = "checkpoints"
+    """Where the best model is exported as a sentence-transformers folder."""
+
+
+@dataclass
+class WandbConfig:
+    """Weights & Biases logging."""
+
+    mode: str = "offline"
+    """``online``, ``offline`` (local run files, ``wandb sync`` later) or ``disabled``."""
+    project: str = "cbr2"
+    """W&B project."""
+    entity: str | None = None
+    """W&B team or user; the account default when unset."""
+    group: str | None = None
+    """Groups runs (a sweep sets it)."""
+
+
+def _default_trainer() -> dict[str, Any]:
+    return {"max_epochs": 2, "accelerator": "auto", "devices": "auto", "precision": "32-true",
+            "log_every_n_steps": 10}
+
+
+@dataclass
+class TrainConfig:
+    """Everything ``train.py`` reads."""
+
+    data: TrainDataConfig = field(default_factory=TrainDataConfig)
+    structural: StructuralTrainConfig = field(default_factory=StructuralTrainConfig)
+    trainer: dict[str, Any] = field(default_factory=_default_trainer)
+    """Keyword arguments of ``lightning.Trainer`` (``trainer.max_steps=40``, ``trainer.devices=4``,
+    ``trainer.strategy=ddp``, ``trainer.precision=bf16-mixed`` ...)."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    seed: int = 0
+    """Seeds Python, NumPy, torch and the pair sampler."""
+    output_dir: str | None = None
+    """Run folder (logs, Lightning checkpoints); ``outputs/train/{data.name}/{run id}`` when unset."""
 
 
 class ConfigError(ValueError):

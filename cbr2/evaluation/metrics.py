@@ -94,3 +94,68 @@ def compute_metrics(records: Iterable[dict[str, Any]], categories: Sequence[str]
         "per_category": {c: _rates(by_cat[c]) for c in order},
         "errors": {k: kinds.get(k, 0) for k in ERROR_KINDS},
     }
+
+
+def sketch_hit_at_k(gold: Sequence[Sequence[str]], retrieved: Sequence[Sequence[Sequence[str]]], k: int) -> float:
+    """Share of questions whose first ``k`` retrieved cases include one with the gold sketch.
+
+    Args:
+        gold: Per question, the function sketch of its gold program.
+        retrieved: Per question, the sketches of its retrieved cases, best first.
+        k: How many retrieved cases count.
+    """
+    if not gold:
+        return 0.0
+    hits = sum(tuple(g) in {tuple(s) for s in cases[:k]} for g, cases in zip(gold, retrieved, strict=True))
+    return hits / len(gold)
+
+
+def knowledge_recall(gold_items: Sequence[set[tuple[str, str]]], found: Sequence[set[tuple[str, str]]]) -> float:
+    """Share of the gold programs' schema items that the retrieved triples mention.
+
+    Micro-averaged: every item of every question counts once. Items are ``(kind, name)``
+    pairs (concepts, attribute keys, relations, qualifier keys), so a relation named like an
+    attribute key does not count as found.
+    """
+    total = sum(len(items) for items in gold_items)
+    if total == 0:
+        return 0.0
+    return sum(len(items & got) for items, got in zip(gold_items, found, strict=True)) / total
+
+
+def retrieval_metrics(gold_sketches: Sequence[Sequence[str]], view_sketches: dict[str, Sequence[Sequence[Sequence[str]]]],
+                      gold_items: Sequence[set[tuple[str, str]]] | None = None,
+                      ontology_terms: Sequence[set[tuple[str, str]]] | None = None,
+                      fact_terms: Sequence[set[tuple[str, str]]] | None = None,
+                      ks: Sequence[int] = (1, 5)) -> dict[str, Any]:
+    """``metrics.json``'s ``retrieval`` block.
+
+    Args:
+        gold_sketches: Per evaluated question, its gold sketch (used after retrieval only).
+        view_sketches: Per view (``semantic``, ``structural``, ``random``), per question, the
+            sketches of its ranked cases, best first.
+        gold_items: Per question, the schema items of its gold program.
+        ontology_terms: Per question, the items its retrieved ontology triples mention.
+        fact_terms: Per question, the items its retrieved fact triples mention.
+        ks: Depths of sketch-hit.
+
+    Returns:
+        ``{"n", "cases": {view: {"sketch_hit@k"}}, "knowledge": {"recall", "recall_ontology",
+        "recall_facts", "items"}}``. ``merged`` at depth k is the union of the semantic and
+        structural top-k, the case set a prompt with k_s = k_r = k gets.
+    """
+    cases = {view: {f"sketch_hit@{k}": sketch_hit_at_k(gold_sketches, lists, k) for k in ks}
+             for view, lists in view_sketches.items()}
+    if "semantic" in view_sketches and "structural" in view_sketches:
+        pairs = list(zip(view_sketches["semantic"], view_sketches["structural"], strict=True))
+        cases["merged"] = {f"sketch_hit@{k}": sketch_hit_at_k(gold_sketches, [[*s[:k], *r[:k]] for s, r in pairs], 2 * k)
+                           for k in ks}
+    out: dict[str, Any] = {"n": len(gold_sketches), "cases": cases}
+    if gold_items is not None and ontology_terms is not None and fact_terms is not None:
+        out["knowledge"] = {
+            "recall": knowledge_recall(gold_items, [o | f for o, f in zip(ontology_terms, fact_terms, strict=True)]),
+            "recall_ontology": knowledge_recall(gold_items, ontology_terms),
+            "recall_facts": knowledge_recall(gold_items, fact_terms),
+            "items": sum(len(items) for items in gold_items),
+        }
+    return out

@@ -1,0 +1,183 @@
+"""Question pairs for training and validating the structural retriever.
+
+The training split is cut in two by a hash of each question id: the fit pool, which training
+pairs are drawn from, and held-out questions, which validation pairs are drawn from and which
+query the fit pool for sketch-hit@k. A question never pairs across the cut, so validation
+measures what the encoder learnt about unseen questions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from cbr2.data.benchmarks import Benchmark
+from cbr2.data.questions import Question
+from cbr2.kopl.sketch import sketch
+from cbr2.structural.labels import PairSampler, Sketch, SketchTable
+
+Pair = tuple[str, str, float]
+Batch = tuple[list[str], list[str], torch.Tensor]
+
+_TRAIN_STREAM, _VAL_STREAM = 0, 1  # keep training and validation draws independent for one seed
+
+
+@dataclass(frozen=True)
+class QuestionSet:
+    """Some questions' ids, texts and sketches, in the same order."""
+
+    qids: list[str]
+    texts: list[str]
+    sketches: list[Sketch]
+
+    @classmethod
+    def of(cls, questions: Sequence[Question]) -> QuestionSet:
+        """The set of ``questions``, which must all have a program."""
+        return cls([q.qid for q in questions], [q.question for q in questions],
+                   [sketch(q.program) for q in questions])
+
+    def __len__(self) -> int:
+        return len(self.qids)
+
+
+def is_heldout(qid: str, share: float) -> bool:
+    """Whether question ``qid`` is held out: its hash falls in the first ``share`` of the range.
+
+    Depends on nothing but the id, so the cut is the same for every seed, run and machine.
+    """
+    return int.from_bytes(hashlib.sha256(qid.encode()).digest()[:8], "big") < share * 2**64
+
+
+def split_holdout(questions: Sequence[Question], share: float) -> tuple[list[Question], list[Question]]:
+    """``(fit pool, held-out)`` questions, each in input order."""
+    fit, held = [], []
+    for q in questions:
+        (held if is_heldout(q.qid, share) else fit).append(q)
+    return fit, held
+
+
+def collate_pairs(items: Sequence[Pair]) -> Batch:
+    """``[(text_a, text_b, label)]`` → ``(texts_a, texts_b, labels)`` with a float32 label tensor."""
+    a, b, y = zip(*items, strict=True)
+    return list(a), list(b), torch.tensor(y, dtype=torch.float32)
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+class PairStream(IterableDataset):
+    """Freshly drawn training pairs, ``pairs_per_epoch`` per epoch over all processes.
+
+    Each (epoch, rank, worker) has its own random stream seeded by ``(seed, epoch, rank,
+    worker)``, so epochs see new pairs, DDP ranks and data-loader workers draw different
+    ones, and a resumed run draws what an uninterrupted one would have.
+
+    Args:
+        questions: The fit pool.
+        sampler: A sampler over the fit pool's ``SketchTable``.
+        pairs_per_epoch: Pairs per epoch, split evenly across DDP ranks.
+        seed: Base seed.
+        epoch_fn: Returns the current epoch when an epoch's iteration starts.
+    """
+
+    def __init__(self, questions: QuestionSet, sampler: PairSampler, pairs_per_epoch: int, seed: int,
+                 epoch_fn: Callable[[], int] = lambda: 0):
+        self.questions, self.sampler = questions, sampler
+        self.pairs_per_epoch, self.seed, self.epoch_fn = pairs_per_epoch, seed, epoch_fn
+
+    def __len__(self) -> int:
+        # Every rank gets the same number of pairs: DDP ranks must step the same number of times.
+        return math.ceil(self.pairs_per_epoch / _rank_and_world()[1])
+
+    def pairs(self, epoch: int, rank: int = 0, world: int = 1, worker: int = 0, workers: int = 1) -> list[Pair]:
+        """The pairs one worker of one rank yields in ``epoch``."""
+        per_rank = math.ceil(self.pairs_per_epoch / world)
+        n = per_rank // workers + (worker < per_rank % workers)
+        rng = np.random.default_rng([self.seed, _TRAIN_STREAM, epoch, rank, worker])
+        texts = self.questions.texts
+        return [(texts[a], texts[b], y) for a, b, y in self.sampler.sample(rng, n)]
+
+    def __iter__(self):
+        rank, world = _rank_and_world()
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        return iter(self.pairs(self.epoch_fn(), rank, world, worker, workers))
+
+
+class PairDataModule(L.LightningDataModule):
+    """The training split of one benchmark as streamed training pairs and fixed validation pairs.
+
+    After ``setup``, ``fit_pool`` and ``heldout`` hold the two sides of the cut (texts and
+    sketches), which validation uses for sketch-hit@k.
+
+    Args:
+        data_name: Benchmark name (``data.name``).
+        data_root: Benchmark folder (``data.root``); the embedded copy for ``mini-*`` when None.
+        label: Label function name (``structural.label``).
+        label_bins: Label bins of the pair sampler.
+        pairs_per_epoch: Training pairs per epoch.
+        val_pairs: Validation pairs (fixed for the whole run).
+        holdout: Share of questions held out, strictly between 0 and 1.
+        batch_size: Pairs per batch.
+        seed: Seed of the pair draws.
+
+    Raises:
+        ValueError: On a holdout share outside (0, 1) or non-positive pair counts.
+    """
+
+    def __init__(self, data_name: str, data_root: str | None = None, label: str = "seqmatch", label_bins: int = 5,
+                 pairs_per_epoch: int = 2048, val_pairs: int = 1000, holdout: float = 0.1, batch_size: int = 32,
+                 seed: int = 0):
+        super().__init__()
+        if not 0 < holdout < 1:
+            raise ValueError(f"structural.holdout must be strictly between 0 and 1, got {holdout}")
+        for key, value in (("pairs_per_epoch", pairs_per_epoch), ("val_pairs", val_pairs), ("batch_size", batch_size)):
+            if value < 1:
+                raise ValueError(f"structural.{key} must be positive, got {value}")
+        self.data_name, self.data_root, self.label, self.label_bins = data_name, data_root, label, label_bins
+        self.pairs_per_epoch, self.val_pairs, self.holdout = pairs_per_epoch, val_pairs, holdout
+        self.batch_size, self.seed = batch_size, seed
+        self.fit_pool: QuestionSet | None = None
+        self.heldout: QuestionSet | None = None
+        self._train_sampler: PairSampler | None = None
+        self._val: list[Pair] = []
+
+    def setup(self, stage: str | None = None) -> None:
+        """Read the training split, cut it, and build both samplers (once per process)."""
+        if self.fit_pool is not None:
+            return
+        bench = Benchmark(self.data_name, self.data_root)
+        questions = [q for q in bench.questions(bench.family.train_split) if q.program is not None]
+        fit, held = split_holdout(questions, self.holdout)
+        if len(fit) < 2 or len(held) < 2:
+            raise ValueError(f"{self.data_name}: structural.holdout={self.holdout} leaves {len(fit)} fit and "
+                             f"{len(held)} held-out questions; both sides need at least 2")
+        self.fit_pool, self.heldout = QuestionSet.of(fit), QuestionSet.of(held)
+        self._train_sampler = PairSampler(SketchTable(self.fit_pool.sketches, self.label), self.label_bins)
+        val_sampler = PairSampler(SketchTable(self.heldout.sketches, self.label), self.label_bins)
+        rng = np.random.default_rng([self.seed, _VAL_STREAM])
+        texts = self.heldout.texts
+        self._val = [(texts[a], texts[b], y) for a, b, y in val_sampler.sample(rng, self.val_pairs)]
+
+    def _current_epoch(self) -> int:
+        return self.trainer.current_epoch if self.trainer is not None else 0
+
+    def train_dataloader(self) -> DataLoader:
+        """Training pairs; a new draw each epoch."""
+        stream = PairStream(self.fit_pool, self._train_sampler, self.pairs_per_epoch, self.seed, self._current_epoch)
+        # Drawing pairs costs microseconds, so worker processes would only add start-up time.
+        return DataLoader(stream, batch_size=self.batch_size, collate_fn=collate_pairs, num_workers=0)
+
+    def val_dataloader(self) -> DataLoader:
+        """The fixed validation pairs, in order."""
+        return DataLoader(self._val, batch_size=self.batch_size, shuffle=False, collate_fn=collate_pairs)

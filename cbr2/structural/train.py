@@ -1,0 +1,183 @@
+"""``python train.py``: fine-tune, validate and export the structural retriever.
+
+A run's id hashes what determines its result (``data``, ``structural``, ``seed``), so the
+same command reuses the same run folder and resumes from its ``last.ckpt``; ``trainer.*``
+(devices, precision, step limits) can change between attempts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, Logger
+from omegaconf import DictConfig, OmegaConf
+
+from cbr2.config import ConfigError, git_hash
+from cbr2.structural.checkpoints import export_checkpoint
+from cbr2.structural.data import PairDataModule
+from cbr2.structural.module import StructuralRetriever
+
+log = logging.getLogger(__name__)
+
+MONITOR = "val/sketch_hit@5"
+"""The metric that picks the best checkpoint."""
+_RESERVED = ("logger", "callbacks", "default_root_dir")  # train() sets these Trainer arguments itself
+_WANDB_MODES = ("online", "offline", "disabled")
+
+
+def run_id(cfg: DictConfig) -> str:
+    """Ten hex digits of the SHA-256 of the resolved ``data``, ``structural`` and ``seed``."""
+    full = OmegaConf.to_container(cfg, resolve=True)
+    identity = {key: full[key] for key in ("data", "structural", "seed")}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
+    kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
+    for key in _RESERVED:
+        if key in kwargs:
+            raise ConfigError(f"trainer.{key} is set by train.py and cannot be overridden")
+    valid = set(inspect.signature(L.Trainer.__init__).parameters) - {"self", *_RESERVED}
+    unknown = sorted(set(kwargs) - valid)
+    if unknown:
+        raise ConfigError(f"unknown trainer key(s) {', '.join(f'trainer.{k}' for k in unknown)}; "
+                          f"valid keys are lightning.Trainer's arguments: {', '.join(sorted(valid))}")
+    return kwargs
+
+
+def _loggers(cfg: DictConfig, out: Path, rid: str) -> list[Logger]:
+    config = OmegaConf.to_container(cfg, resolve=True)
+    loggers: list[Logger] = [CSVLogger(out, name="logs")]
+    if cfg.wandb.mode not in _WANDB_MODES:
+        raise ConfigError(f"wandb.mode={cfg.wandb.mode!r}; expected one of {', '.join(_WANDB_MODES)}")
+    if cfg.wandb.mode != "disabled":
+        from lightning.pytorch.loggers import WandbLogger  # imports wandb
+
+        loggers.append(WandbLogger(name=f"structural-{cfg.data.name}-{rid}", save_dir=str(out), mode=cfg.wandb.mode,
+                                   project=cfg.wandb.project, entity=cfg.wandb.entity, group=cfg.wandb.group))
+    for logger in loggers:
+        logger.log_hyperparams(config)
+    return loggers
+
+
+def _baseline(trainer: L.Trainer, module: StructuralRetriever, dm: PairDataModule, out: Path,
+              rid: str) -> dict[str, float]:
+    """Validation metrics of the untrained backbone, computed once per run."""
+    cached = out / "baseline.json"
+    if cached.is_file():
+        saved = json.loads(cached.read_text(encoding="utf-8"))
+        if saved.get("run_id") == rid:
+            return saved["metrics"]
+    trainer.validate(module, datamodule=dm, verbose=False)
+    metrics = dict(module.val_metrics)
+    if trainer.is_global_zero:
+        cached.write_text(json.dumps({"run_id": rid, "metrics": metrics}, indent=2) + "\n", encoding="utf-8")
+    return metrics
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Train the structural retriever and export its best checkpoint.
+
+    Validates the untrained backbone first (the baseline), fits with
+    ``lightning.Trainer(**cfg.trainer)`` (resuming from the run's ``last.ckpt`` when one
+    exists), then exports the weights with the best ``val/sketch_hit@5``. Only global rank
+    zero exports.
+
+    Args:
+        cfg: A ``TrainConfig`` (see ``configs/train.yaml``).
+
+    Returns:
+        ``checkpoint`` (the exported folder; None on other ranks), ``best`` and ``baseline``
+        (validation metrics), ``run_id``, ``run_dir``, ``resumed_from`` (or None), ``steps``
+        (optimiser steps so far), ``elapsed_s`` (this call's wall time) and ``pairs_per_s``
+        (training pairs per second of training steps in this call, all ranks together).
+
+    Raises:
+        ConfigError: On an unknown ``trainer.*`` key, a reserved one, or a bad ``wandb.mode``.
+        ValueError: On data that cannot make training and validation pairs.
+    """
+    started = time.perf_counter()
+    L.seed_everything(cfg.seed, workers=True)
+    rid = run_id(cfg)
+    out = Path(cfg.output_dir) if cfg.output_dir else Path("outputs") / "train" / cfg.data.name / rid
+    s = cfg.structural
+    dm = PairDataModule(cfg.data.name, cfg.data.root, label=s.label, label_bins=s.label_bins,
+                        pairs_per_epoch=s.pairs_per_epoch, val_pairs=s.val_pairs, holdout=s.holdout,
+                        batch_size=s.batch_size, seed=cfg.seed)
+    dm.setup("fit")  # fail on bad data before any model is loaded
+    kwargs = _trainer_kwargs(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpointing = ModelCheckpoint(dirpath=out / "checkpoints", filename="best-{epoch}-{step}", monitor=MONITOR,
+                                    mode="max", save_last=True, save_top_k=1, auto_insert_metric_name=False)
+    loggers = _loggers(cfg, out, rid)
+    try:
+        trainer = L.Trainer(**kwargs, logger=loggers, callbacks=[checkpointing], default_root_dir=out)
+    except TypeError as err:  # a valid name with a value Lightning rejects
+        raise ConfigError(f"trainer: {err}") from err
+
+    if trainer.is_global_zero:
+        OmegaConf.save(cfg, out / "config.yaml", resolve=True)
+        (out / "git.txt").write_text(f"{git_hash() or 'unknown'}\n", encoding="utf-8")
+    log.info("run %s in %s", rid, out)
+
+    module = StructuralRetriever(s.backbone, max_seq_length=s.max_seq_length, lr=s.lr, warmup_ratio=s.warmup_ratio)
+    last = out / "checkpoints" / "last.ckpt"
+    resume = last if last.is_file() else None
+    try:
+        baseline = _baseline(trainer, module, dm, out, rid)
+        module.val_metrics = {}
+        if resume:
+            log.info("resuming from %s", resume)
+        trainer.fit(module, datamodule=dm, ckpt_path=resume)
+        if not checkpointing.best_model_path:
+            # Fitting stopped before its first validation (trainer.max_steps within the first epoch):
+            # validate the weights there are, which are then the ones exported.
+            trainer.validate(module, datamodule=dm, verbose=False)
+    finally:
+        _finish_wandb(loggers)
+
+    seconds = module.train_seconds
+    result: dict[str, Any] = {
+        "checkpoint": None, "best": {}, "baseline": baseline, "run_id": rid, "run_dir": str(out),
+        "resumed_from": str(resume) if resume else None, "steps": trainer.global_step,
+        "pairs_per_s": module.train_pairs * trainer.world_size / seconds if seconds else 0.0,
+    }
+    if not trainer.is_global_zero:
+        result["elapsed_s"] = time.perf_counter() - started
+        return result
+
+    best_path = checkpointing.best_model_path
+    if best_path:
+        # Our own run's file: it holds Lightning's loop state besides tensors, hence weights_only=False.
+        state = torch.load(best_path, map_location="cpu", weights_only=False)
+        module.load_state_dict(state["state_dict"])
+        result["best"] = state.get("cbr2_val_metrics") or {}
+    else:
+        result["best"] = dict(module.val_metrics)
+    meta = {"data": {"name": cfg.data.name, "root": cfg.data.root}, "backbone": s.backbone,
+            "metrics": result["best"], "baseline": baseline, "config": OmegaConf.to_container(cfg, resolve=True),
+            "git": git_hash(), "run_dir": str(out.resolve()), "run_id": rid, "steps": trainer.global_step,
+            "lightning_checkpoint": best_path or None}
+    result["checkpoint"] = str(export_checkpoint(module.encoder, s.checkpoints_dir, cfg.data.name, rid, meta))
+    result["elapsed_s"] = time.perf_counter() - started
+    log.info("best %s %.4f (untrained %.4f); %.1f pairs/s; %.0f s", MONITOR, result["best"].get(MONITOR, float("nan")),
+             baseline.get(MONITOR, float("nan")), result["pairs_per_s"], result["elapsed_s"])
+    return result
+
+
+def _finish_wandb(loggers: list[Logger]) -> None:
+    # Lightning leaves the W&B run open; a later train() in this process would write into it.
+    if any(type(logger).__name__ == "WandbLogger" for logger in loggers):
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()

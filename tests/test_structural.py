@@ -1,0 +1,235 @@
+"""The structural retriever: labels, pair sampling, the data cut, the loss, exports and ``train.py``."""
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cbr2.config import CONFIG_DIR, ConfigError, TrainConfig, load_config
+from cbr2.data.benchmarks import EMBEDDED_ROOT, Benchmark
+from cbr2.kopl.sketch import sketch
+from cbr2.structural.checkpoints import META_FILE, find_checkpoint
+from cbr2.structural.data import PairDataModule, PairStream, QuestionSet, split_holdout
+from cbr2.structural.labels import LABELS, PairSampler, SketchTable, lcs, seqmatch
+from cbr2.structural.module import cosine_mse_loss, top_k
+
+ROOT = Path(__file__).resolve().parents[1]
+ONE_HOP = ("Find", "Relate", "QueryName")
+TWO_HOP = ("Find", "Relate", "Relate", "QueryName")
+
+
+@pytest.fixture(scope="module")
+def kqapro_train():
+    return Benchmark("mini-kqapro").questions("train")
+
+
+@pytest.fixture(scope="module")
+def tiny_root(tmp_path_factory):
+    """A KQA Pro folder whose training split is mini-kqapro's first 120 questions: validation stays cheap."""
+    root = tmp_path_factory.mktemp("tiny-kqapro")
+    items = json.loads((EMBEDDED_ROOT / "mini-kqapro" / "train.json").read_text(encoding="utf-8"))[:120]
+    (root / "train.json").write_text(json.dumps(items), encoding="utf-8")
+    (root / "kb.json").symlink_to(EMBEDDED_ROOT / "mini-kqapro" / "kb.json")
+    return root
+
+
+# ------------------------------------------------------------------------------ labels
+
+def test_label_values():
+    assert seqmatch(ONE_HOP, TWO_HOP) == pytest.approx(2 * 3 / 7)  # 2·matches / total length
+    assert lcs(ONE_HOP, TWO_HOP) == pytest.approx(3 / 4)  # LCS / longer length
+    assert seqmatch(("A", "B"), ("B", "A")) == pytest.approx(0.5)  # order matters
+    # difflib's greedy matching finds 4 of these in one argument order and 5 in the other: take the better.
+    a = ("FindAll", "FilterStr", "FilterConcept", "Find", "Relate", "FilterConcept", "And", "FindAll", "FilterYear",
+         "FilterConcept", "QueryRelation")
+    b = ("FindAll", "FilterStr", "FilterConcept", "FindAll", "FilterStr", "FilterConcept", "SelectBetween")
+    assert seqmatch(a, b) == seqmatch(b, a) == pytest.approx(2 * 5 / 18)
+    for fn in LABELS.values():
+        assert fn(TWO_HOP, TWO_HOP) == 1.0
+        assert fn(("Find", "QueryAttr"), ("FindAll", "Count")) == 0.0
+
+
+def test_label_computed_once_per_distinct_sketch_pair():
+    calls = []
+
+    def counting(a, b):
+        calls.append(frozenset([a, b]) if a != b else frozenset([a]))
+        return seqmatch(a, b)
+
+    sketches = [ONE_HOP, TWO_HOP, ONE_HOP, ("Find", "QueryAttr"), TWO_HOP, ONE_HOP]
+    table = SketchTable(sketches, counting)
+    assert len(table) == 3 and len(calls) == 6 == len(set(calls))  # 3 self-pairs + 3 cross pairs, once each
+    assert np.allclose(table.matrix, table.matrix.T)
+    assert table.matrix[table.of_question[0], table.of_question[1]] == pytest.approx(6 / 7)
+    assert [list(m) for m in table.members] == [[0, 2, 5], [1, 4], [3]]
+
+
+def test_sampler_covers_every_label_bin_evenly(kqapro_train):
+    sketches = [sketch(q.program) for q in kqapro_train]
+    sampler = PairSampler(SketchTable(sketches, "seqmatch"), bins=5)
+    pairs = sampler.sample(np.random.default_rng(0), 5000)
+    shares = Counter(min(int(y * 5), 4) for _, _, y in pairs)
+    assert all(0.15 < shares[b] / 5000 < 0.25 for b in range(5)), shares
+    for a, b, y in pairs[:500]:
+        assert a != b and y == pytest.approx(seqmatch(sketches[a], sketches[b]))
+    # Uniform question pairs would be mostly dissimilar: that is what binning corrects.
+    rng = np.random.default_rng(0)
+    uniform = [seqmatch(sketches[a], sketches[b]) for a, b in rng.integers(len(sketches), size=(2000, 2))]
+    assert np.mean(np.array(uniform) < 0.4) > 0.4
+
+
+def test_sampler_is_deterministic_by_seed():
+    sketches = [ONE_HOP, TWO_HOP, ONE_HOP, ("Find", "QueryAttr"), TWO_HOP, ONE_HOP]
+    sampler = PairSampler(SketchTable(sketches), bins=5)
+
+    def draw(seed):
+        return sampler.sample(np.random.default_rng(seed), 50)
+
+    assert draw(1) == draw(1) and draw(1) != draw(2)
+
+
+def test_ddp_ranks_and_epochs_draw_different_pairs(kqapro_train):
+    pool = QuestionSet.of(kqapro_train[:300])
+    stream = PairStream(pool, PairSampler(SketchTable(pool.sketches)), pairs_per_epoch=64, seed=0)
+    rank0, rank1 = stream.pairs(0, rank=0, world=2), stream.pairs(0, rank=1, world=2)
+    assert len(rank0) == len(rank1) == 32 and rank0 != rank1
+    assert stream.pairs(0) == stream.pairs(0) != stream.pairs(1)  # a new draw each epoch, reproducibly
+    assert len(stream.pairs(0, worker=0, workers=3)) + len(stream.pairs(0, worker=2, workers=3)) == 43
+    assert len(list(stream)) == len(stream) == 64
+
+
+# -------------------------------------------------------------------------- data cut
+
+def test_holdout_split_is_disjoint_and_deterministic(kqapro_train):
+    fit, held = split_holdout(kqapro_train, 0.1)
+    assert {q.qid for q in fit}.isdisjoint(q.qid for q in held)
+    assert len(fit) + len(held) == len(kqapro_train) and 0.07 < len(held) / len(kqapro_train) < 0.13
+    assert split_holdout(kqapro_train, 0.1) == (fit, held)
+    assert {q.qid for q in held} <= {q.qid for q in split_holdout(kqapro_train, 0.2)[1]}  # by id hash only
+
+
+def test_pairs_never_cross_the_cut(tiny_root):
+    dm = PairDataModule("kqapro", str(tiny_root), pairs_per_epoch=40, val_pairs=20, holdout=0.25, batch_size=8)
+    dm.setup("fit")
+    fit, held = set(dm.fit_pool.texts), set(dm.heldout.texts)
+    val = [b for b in dm.val_dataloader()]
+    assert sum(len(labels) for _, _, labels in val) == 20
+    assert all(t in held for a, b, _ in val for t in a + b)
+    texts_a, texts_b, labels = next(iter(dm.train_dataloader()))
+    assert len(texts_a) == len(texts_b) == 8 and labels.dtype == torch.float32
+    assert all(t in fit for t in texts_a + texts_b)
+
+
+# ------------------------------------------------------------------------------ model
+
+def test_cosine_mse_loss_on_hand_made_embeddings():
+    emb_a = torch.tensor([[1.0, 0.0], [3.0, 0.0]])
+    emb_b = torch.tensor([[0.0, 2.0], [1.0, 0.0]])  # cosines 0 and 1, whatever the norms
+    loss = cosine_mse_loss(emb_a, emb_b, torch.tensor([0.5, 0.25]))
+    assert loss.item() == pytest.approx(((0 - 0.5) ** 2 + (1 - 0.25) ** 2) / 2)
+
+
+def test_top_k_orders_by_inner_product():
+    pool = np.eye(3, dtype=np.float32)
+    queries = np.array([[0.1, 0.9, 0.5], [1.0, 0.0, 0.2]], dtype=np.float32)
+    assert top_k(queries, pool, 2, chunk=1).tolist() == [[1, 2], [0, 2]]
+
+
+# -------------------------------------------------------------------------- exports
+
+def _fake_export(root: Path, name: str, data: str, created: str) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / META_FILE).write_text(json.dumps({"data": {"name": data}, "created": created}))
+    return folder
+
+
+def test_find_checkpoint_picks_newest_of_the_dataset(tmp_path, caplog):
+    assert find_checkpoint(tmp_path / "missing", "mini-kqapro") is None
+    _fake_export(tmp_path, "a", "mini-kqapro", "2025-01-01T00:00:00+00:00")
+    newest = _fake_export(tmp_path, "b", "mini-kqapro", "2025-03-01T00:00:00+00:00")
+    _fake_export(tmp_path, "c", "mini-metaqa", "2025-06-01T00:00:00+00:00")
+    _fake_export(tmp_path, ".d-being-written", "mini-kqapro", "2025-07-01T00:00:00+00:00")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / META_FILE).write_text("{not json")
+    (tmp_path / "no-meta").mkdir()
+    (tmp_path / ".gitkeep").touch()
+    assert find_checkpoint(tmp_path, "mini-kqapro") == newest
+    assert find_checkpoint(tmp_path, "mini-metaqa") == tmp_path / "c"
+    assert find_checkpoint(tmp_path, "kqapro") is None
+    assert "broken" in caplog.text and "no-meta" in caplog.text
+
+
+# ---------------------------------------------------------------------------- train()
+
+def test_train_yaml_mirrors_the_defaults():
+    assert load_config([], files=[CONFIG_DIR / "train.yaml"], schema=TrainConfig) == load_config([], schema=TrainConfig)
+
+
+def _cfg(tiny_root, tmp_path, *extra):
+    return load_config([
+        "data.name=kqapro", f"data.root={tiny_root}", "structural.holdout=0.25", "structural.pairs_per_epoch=16",
+        "structural.val_pairs=16", "structural.batch_size=8", "trainer.max_epochs=10", "trainer.max_steps=2",
+        "trainer.accelerator=cpu",
+        "trainer.devices=1", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
+        "wandb.mode=disabled", f"output_dir={tmp_path / 'run'}", f"structural.checkpoints_dir={tmp_path / 'ckpt'}",
+        *extra], files=[CONFIG_DIR / "train.yaml"], schema=TrainConfig)
+
+
+@pytest.mark.slow
+def test_train_exports_a_loadable_checkpoint_and_resumes(tiny_root, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from cbr2.structural.train import train
+
+    result = train(_cfg(tiny_root, tmp_path))
+    assert result["steps"] == 2 and result["resumed_from"] is None and result["pairs_per_s"] > 0
+    path = Path(result["checkpoint"])
+    assert path.parent == tmp_path / "ckpt" and find_checkpoint(tmp_path / "ckpt", "kqapro") == path
+    assert SentenceTransformer(str(path), device="cpu").encode(["Which is taller?"]).shape == (1, 384)
+    meta = json.loads((path / META_FILE).read_text())
+    assert meta["data"] == {"name": "kqapro", "root": str(tiny_root)}
+    for metrics in (meta["metrics"], meta["baseline"], result["best"]):
+        assert {"val/mse", "val/spearman", "val/sketch_hit@1", "val/sketch_hit@5"} <= set(metrics)
+    assert meta["metrics"] == result["best"] and meta["backbone"] and meta["created"]
+    run = tmp_path / "run"
+    assert (run / "config.yaml").is_file() and (run / "git.txt").is_file()
+    assert "val/sketch_hit@5" in next(run.glob("logs/*/metrics.csv")).read_text()
+
+    again = train(_cfg(tiny_root, tmp_path, "trainer.max_steps=4"))  # same run: picks up where it stopped
+    assert again["resumed_from"] == str(run / "checkpoints" / "last.ckpt")
+    assert again["steps"] == 4 and again["checkpoint"] == str(path) and again["baseline"] == result["baseline"]
+
+
+@pytest.mark.slow
+def test_train_with_offline_wandb(tiny_root, tmp_path, monkeypatch):
+    from cbr2.structural.train import train
+
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home"))
+    result = train(_cfg(tiny_root, tmp_path, "wandb.mode=offline", "trainer.max_steps=1"))
+    assert Path(result["checkpoint"]).is_dir()
+    assert list((tmp_path / "run").rglob("offline-run-*")), "no offline W&B run written"
+
+
+def test_unknown_trainer_key_is_a_config_error(tiny_root, tmp_path):
+    from cbr2.structural.train import train
+
+    with pytest.raises(ConfigError, match="trainer.max_stepz"):
+        train(_cfg(tiny_root, tmp_path, "trainer.max_stepz=3"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_cli_rejects_unknown_key(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "structural.nope=1"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2
+    assert "error:" in proc.stderr and "structural.nope" in proc.stderr
+    assert not any(tmp_path.iterdir())
