@@ -3,6 +3,7 @@
     python evaluate.py                                   # embedded default (mini-kqapro)
     python evaluate.py data.name=mini-metaqa eval.limit=100
     python evaluate.py data.name=kqapro data.root=/data/KQAPro llm.backend=gold
+    python evaluate.py --retrieval-only                  # retrieval metrics only, no LLM
 
 Overrides are OmegaConf ``key=value`` pairs over ``configs/evaluate.yaml``; see README.
 """
@@ -18,16 +19,26 @@ from cbr2.evaluation.runner import run_evaluation
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. data.name=mini-metaqa")
+    parser.add_argument("--retrieval-only", action="store_true", help="retrieve and score retrieval, no LLM")
+    parser.add_argument("--config", action="append", default=[], metavar="FILE",
+                        help="extra YAML merged over configs/evaluate.yaml (repeatable)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
-        cfg = load_config(args.overrides, files=[CONFIG_DIR / "evaluate.yaml"])
-        metrics = run_evaluation(cfg)
-    except (ConfigError, ValueError) as err:
+        cfg = load_config(args.overrides, files=[CONFIG_DIR / "evaluate.yaml", *args.config])
+        metrics = run_evaluation(cfg, retrieval_only=args.retrieval_only)
+    except (ConfigError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     where = metrics["provenance"]["output_dir"]
-    print(f"Hits@1 {metrics['hits@1']:.4f}  SER {metrics['ser']:.4f}  n={metrics['n']}  -> {where}")
+    if args.retrieval_only:
+        cases = metrics["retrieval"]["cases"]
+        hits = "  ".join(f"{view} {m['sketch_hit@5']:.4f}" for view, m in cases.items())
+        recall = metrics["retrieval"].get("knowledge", {}).get("recall")
+        print(f"sketch-hit@5 {hits}  knowledge recall {recall if recall is None else f'{recall:.4f}'}  "
+              f"n={metrics['n']}  -> {where}")
+    else:
+        print(f"Hits@1 {metrics['hits@1']:.4f}  SER {metrics['ser']:.4f}  n={metrics['n']}  -> {where}")
     return 0
 
 

@@ -10,6 +10,12 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _embedding_cache(tmp_path_factory):
+    """One embedding cache per test session (subprocesses inherit it), never the user's."""
+    os.environ["CBR2_CACHE_DIR"] = str(tmp_path_factory.mktemp("cbr2-cache"))
+
+
 def _val(typ, value, unit=None):
     v = {"type": typ, "value": value}
     if unit is not None:

@@ -1,7 +1,9 @@
 """The entry points as a user runs them, and that every module imports with CPU dependencies only."""
 
 import importlib
+import json
 import pkgutil
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import cbr2
+from cbr2.data.benchmarks import EMBEDDED_ROOT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,11 +28,30 @@ def _run(*args, cwd):
                           capture_output=True, text=True, timeout=300, check=False)
 
 
+BACKBONE = "structural.checkpoint=sentence-transformers/all-MiniLM-L6-v2"
+"""The untrained backbone as structural retriever: a real encoder without minutes of training."""
+
+
 def test_evaluate_cli_writes_results_and_prints_where(tmp_path):
-    proc = _run("data.name=mini-metaqa", "eval.limit=30", f"output_dir={tmp_path}", cwd=tmp_path)
+    proc = _run("data.name=mini-metaqa", "eval.limit=30", BACKBONE, f"output_dir={tmp_path}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "Hits@1 1.0000  SER 0.0000  n=30" in proc.stdout
-    assert (tmp_path / "report.md").read_text().startswith("# mini-metaqa · gold")
+    report = (tmp_path / "report.md").read_text()
+    assert report.startswith("# mini-metaqa · gold") and "## Retrieval" in report
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert set(metrics["retrieval"]["cases"]) == {"semantic", "structural", "merged"}
+    assert len((tmp_path / "retrieval.jsonl").read_text().splitlines()) == 30
+
+
+def test_retrieval_only_cli_scores_every_view(tmp_path):
+    proc = _run("--retrieval-only", "data.name=mini-metaqa", "eval.limit=30", BACKBONE, f"output_dir={tmp_path}",
+                cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "sketch-hit@5 semantic" in proc.stdout and "knowledge recall" in proc.stdout
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert set(metrics["retrieval"]["cases"]) == {"semantic", "structural", "random", "merged"}
+    assert 0 < metrics["retrieval"]["knowledge"]["recall"] <= 1
+    assert not (tmp_path / "predictions.jsonl").exists()
 
 
 @pytest.mark.parametrize("args, message", [
@@ -37,7 +59,14 @@ def test_evaluate_cli_writes_results_and_prints_where(tmp_path):
     (["data.name=metaqa"], "needs data.root"),
     (["data.name=metaqa", "data.root=/nonexistent"], "no kb.txt"),
     (["data.split=dev"], "not a kqapro split"),
+    (["data.name=kqapro", "data.root=KQAPRO"], "python train.py data.name=kqapro data.root="),
+    (["retrieval.cases=dua", BACKBONE], "unknown retrieval.cases 'dua'"),
+    (["retrieval.index=ivff", BACKBONE], "unknown retrieval.index 'ivff'"),
 ])
 def test_evaluate_cli_errors_exit_2_with_a_message(tmp_path, args, message):
-    proc = _run(*args, f"output_dir={tmp_path}", cwd=tmp_path)
+    if "data.root=KQAPRO" in args:  # an official layout with no structural retriever trained on it
+        root = tmp_path / "KQAPro"
+        shutil.copytree(EMBEDDED_ROOT / "mini-kqapro", root)
+        args = ["data.name=kqapro", f"data.root={root}"]
+    proc = _run(*args, f"output_dir={tmp_path}", "eval.limit=5", cwd=tmp_path)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr

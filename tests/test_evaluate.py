@@ -13,8 +13,12 @@ FIELDS = {"id", "question", "category", "gold_answer", "answer", "correct", "gen
           "error_kind", "repairs", "syntax_error", "syntax_error_before_repair"}
 
 
+NO_RETRIEVAL = ["retrieval.cases=none", "retrieval.k_ontology=0", "retrieval.k_facts=0"]
+"""These tests check the path after generation; retrieval has its own tests (test_retrieval.py)."""
+
+
 def evaluate(tmp_path, *overrides):
-    cfg = load_config([f"output_dir={tmp_path / 'run'}", *overrides])
+    cfg = load_config([f"output_dir={tmp_path / 'run'}", *NO_RETRIEVAL, *overrides])
     return run_evaluation(cfg), tmp_path / "run"
 
 

@@ -14,28 +14,30 @@ def pct(x: float) -> str:
 
 
 def render_report(metrics: dict[str, Any], title: str) -> str:
-    """Markdown for one run.
+    """Markdown for one run (a retrieval-only run has only the retrieval section).
 
     Args:
         metrics: The ``metrics.json`` structure.
         title: First heading (benchmark and generator).
     """
+    lines = [f"# {title}", ""]
+    if "hits@1" in metrics:
+        lines += [
+            (f"**Hits@1 {pct(metrics['hits@1'])}%** (higher is better) · **SER {pct(metrics['ser'])}%** "
+             f"(lower is better; {pct(metrics['ser_before_repair'])}% before repair) · n = {metrics['n']}"),
+            "",
+            "## Per category",
+            "",
+            "| category | Hits@1 (%) ↑ | SER (%) ↓ | n |",
+            "|---|---:|---:|---:|",
+        ]
+        for cat, m in metrics["per_category"].items():
+            lines.append(f"| {cat} | {pct(m['hits@1'])} | {pct(m['ser'])} | {m['n']} |")
+        lines += ["", "## Errors", "", "| kind | count |", "|---|---:|"]
+        lines += [f"| {k} | {metrics['errors'].get(k, 0)} |" for k in ERROR_KINDS]
+    if metrics.get("retrieval"):
+        lines += render_retrieval(metrics["retrieval"])
     prov = metrics.get("provenance", {})
-    lines = [
-        f"# {title}",
-        "",
-        (f"**Hits@1 {pct(metrics['hits@1'])}%** (higher is better) · **SER {pct(metrics['ser'])}%** "
-         f"(lower is better; {pct(metrics['ser_before_repair'])}% before repair) · n = {metrics['n']}"),
-        "",
-        "## Per category",
-        "",
-        "| category | Hits@1 (%) ↑ | SER (%) ↓ | n |",
-        "|---|---:|---:|---:|",
-    ]
-    for cat, m in metrics["per_category"].items():
-        lines.append(f"| {cat} | {pct(m['hits@1'])} | {pct(m['ser'])} | {m['n']} |")
-    lines += ["", "## Errors", "", "| kind | count |", "|---|---:|"]
-    lines += [f"| {k} | {metrics['errors'].get(k, 0)} |" for k in ERROR_KINDS]
     if prov:
         lines += ["", "## Provenance", "",
                   f"- split: {prov.get('split')} ({prov.get('data_root')})",
@@ -43,6 +45,27 @@ def render_report(metrics: dict[str, Any], title: str) -> str:
                   f"- python {prov.get('python')}; " + ", ".join(f"{k} {v}" for k, v in prov.get("packages", {}).items()),
                   f"- command: `{prov.get('command')}`"]
     return "\n".join(lines) + "\n"
+
+
+def render_retrieval(block: dict[str, Any]) -> list[str]:
+    """Lines of the retrieval section: sketch-hit per case view and knowledge recall."""
+    lines = ["", "## Retrieval", "", f"n = {block['n']} · {1000 * block.get('seconds_per_question', 0):.1f} ms per "
+             "question (encoding included) · encoders: " + ", ".join(f"{v} {n}" for v, n in block.get("encoders", {}).items())]
+    if block.get("cases"):
+        ks = list(next(iter(block["cases"].values())))
+        lines += ["", "| case view | " + " | ".join(f"{k} (%) ↑" for k in ks) + " |",
+                  "|---|" + "---:|" * len(ks)]
+        for view, m in block["cases"].items():
+            lines.append(f"| {view} | " + " | ".join(pct(m[k]) for k in ks) + " |")
+        if "merged" in block["cases"]:
+            lines += ["", "`merged` at k is the union of the semantic and structural top-k."]
+    if block.get("knowledge"):
+        kn = block["knowledge"]
+        recall = (f"Knowledge recall (share of the gold programs' {kn['items']} schema items named by the "
+                  f"retrieved triples): {pct(kn['recall'])}% (ontology {pct(kn['recall_ontology'])}%, "
+                  f"facts {pct(kn['recall_facts'])}%).")
+        lines += ["", recall]
+    return lines
 
 
 def write_report(path: Path, metrics: dict[str, Any], title: str) -> None:

@@ -10,6 +10,7 @@ import json
 import logging
 import platform
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -20,25 +21,29 @@ from tqdm import tqdm
 from cbr2.config import git_hash
 from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import KQAPRO_CATEGORIES, Question
-from cbr2.evaluation.metrics import compute_metrics
+from cbr2.evaluation.metrics import compute_metrics, retrieval_metrics
 from cbr2.evaluation.report import write_report
 from cbr2.kopl.executor import Executor
+from cbr2.kopl.sketch import schema_items, sketch
 from cbr2.llm import get_backend
 from cbr2.pipeline import score_generation
+from cbr2.retrieval.cases import VIEWS, Query
+from cbr2.retrieval.retriever import CASE_MODES, Retrieved, Retriever, resolve_structural
 
 log = logging.getLogger(__name__)
 
-IDENTITY_KEYS = ("data", "llm", "prompt")
+IDENTITY_KEYS = ("data", "llm", "prompt", "retrieval", "structural")
 """Config sections that decide what a prediction is; a resumed run must agree on them."""
 
 BATCH = 64
 
 
-def output_dir(cfg: DictConfig, bench: Benchmark) -> Path:
-    """The run's folder: ``output_dir`` or ``outputs/{data.name}/{split}/{llm.backend}``."""
+def output_dir(cfg: DictConfig, bench: Benchmark, retrieval_only: bool = False) -> Path:
+    """The run's folder: ``output_dir`` or ``outputs/{data.name}/{split}/{llm.backend or "retrieval"}``."""
     if cfg.output_dir:
         return Path(cfg.output_dir)
-    return Path("outputs") / cfg.data.name / (cfg.data.split or bench.family.eval_split) / cfg.llm.backend
+    leaf = "retrieval" if retrieval_only else cfg.llm.backend
+    return Path("outputs") / cfg.data.name / (cfg.data.split or bench.family.eval_split) / leaf
 
 
 def select_questions(bench: Benchmark, cfg: DictConfig) -> list[Question]:
@@ -56,18 +61,36 @@ def select_questions(bench: Benchmark, cfg: DictConfig) -> list[Question]:
     return questions
 
 
-def run_evaluation(cfg: DictConfig) -> dict[str, Any]:
+def run_evaluation(cfg: DictConfig, retrieval_only: bool = False) -> dict[str, Any]:
     """Evaluate a configuration end to end and write its output folder.
+
+    Args:
+        cfg: The resolved configuration (``cbr2.config.Config``).
+        retrieval_only: Retrieve and score retrieval only (every view), no generation.
 
     Returns:
         The metrics (also written to ``metrics.json``).
     """
     bench = Benchmark(cfg.data.name, cfg.data.root)
     questions = select_questions(bench, cfg)
-    out = output_dir(cfg, bench)
+    out = output_dir(cfg, bench, retrieval_only)
+    if retrieval_only or "structural" in CASE_MODES.get(cfg.retrieval.cases, ()):
+        # Resolved once and saved in config.yaml, so the run records the exact retriever used.
+        cfg.structural.checkpoint = resolve_structural(cfg, bench)
     out.mkdir(parents=True, exist_ok=True)
-    _check_resumable(out, cfg)
+    if not retrieval_only:
+        _check_resumable(out, cfg)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
+    title = f"{bench.name} · {'retrieval' if retrieval_only else cfg.llm.backend}"
+    categories = KQAPRO_CATEGORIES if bench.family is KQAPRO else ("1-hop", "2-hop", "3-hop")
+
+    retrieval, _retrieved = run_retrieval(cfg, bench, questions, out, extra_views=VIEWS if retrieval_only else ())
+    if retrieval_only:
+        metrics = {"n": len(questions), "retrieval": retrieval,
+                   "provenance": {**provenance(cfg, bench), "output_dir": str(out)}}
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        write_report(out / "report.md", metrics, title=title)
+        return metrics
 
     pred_path = out / "predictions.jsonl"
     done = load_predictions(pred_path)
@@ -87,12 +110,52 @@ def run_evaluation(cfg: DictConfig) -> dict[str, Any]:
                     bar.update()
 
     records = [done[q.qid] for q in questions]
-    categories = KQAPRO_CATEGORIES if bench.family is KQAPRO else ("1-hop", "2-hop", "3-hop")
     metrics = compute_metrics(records, categories)
+    if retrieval is not None:
+        metrics["retrieval"] = retrieval
     metrics["provenance"] = {**provenance(cfg, bench), "output_dir": str(out)}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-    write_report(out / "report.md", metrics, title=f"{bench.name} · {cfg.llm.backend}")
+    write_report(out / "report.md", metrics, title=title)
     return metrics
+
+
+def run_retrieval(cfg: DictConfig, bench: Benchmark, questions: list[Question], out: Path,
+                  extra_views: tuple[str, ...] = ()) -> tuple[dict[str, Any] | None, dict[str, Retrieved]]:
+    """Retrieve for every question, write ``retrieval.jsonl`` and score retrieval.
+
+    Retrieval sees ``Query(id, text)`` only; the gold programs are read afterwards, to score
+    what was retrieved.
+
+    Returns:
+        The ``retrieval`` block of ``metrics.json`` (None when the configuration retrieves
+        nothing) and the retrieved items by question id.
+    """
+    r = cfg.retrieval
+    if not extra_views and r.cases == "none" and r.k_ontology <= 0 and r.k_facts <= 0:
+        return None, {}
+    retriever = Retriever(bench, r, cfg.structural.checkpoint, extra_views)
+    start = time.perf_counter()
+    retrieved: list[Retrieved] = []
+    for i in tqdm(range(0, len(questions), BATCH), desc="retrieve", unit="batch", disable=len(questions) <= BATCH):
+        retrieved += retriever.retrieve([Query(q.qid, q.question) for q in questions[i: i + BATCH]])
+    seconds = time.perf_counter() - start
+    with (out / "retrieval.jsonl").open("w", encoding="utf-8") as sink:
+        for item in retrieved:
+            sink.write(json.dumps(item.to_record(), ensure_ascii=False) + "\n")
+
+    pool_sketches = [sketch(q.program) for q in retriever.pool]
+    view_sketches = {view: [[pool_sketches[i] for i, _ in item.rankings[view]] for item in retrieved]
+                     for view in retriever.views}
+    knowledge = retriever.knowledge is not None
+    block = retrieval_metrics(
+        [sketch(q.program) for q in questions], view_sketches,
+        gold_items=[schema_items(q.program) for q in questions] if knowledge else None,
+        ontology_terms=[{t for tr in item.knowledge.ontology for t in tr.terms} for item in retrieved],
+        fact_terms=[{t for tr in item.knowledge.facts for t in tr.terms} for item in retrieved],
+    )
+    block["seconds_per_question"] = seconds / max(1, len(questions))
+    block["encoders"] = {view: name for view, (name, _) in retriever.encoders.items()}
+    return block, {item.query.qid: item for item in retrieved}
 
 
 def load_predictions(path: Path) -> dict[str, dict[str, Any]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cbr2.kb.model import KB, format_value
 
@@ -24,12 +24,16 @@ class Triple:
         predicate: Relation, attribute key or schema predicate (``subclass of`` ...).
         object: Name or value text.
         qualifiers: ``(key, value)`` pairs attached to the fact.
+        terms: The schema items the triple mentions, as ``(kind, name)`` with kind ``concept``,
+            ``key``, ``qkey`` or ``relation`` (the kinds of ``kopl.sketch.schema_items``);
+            knowledge recall compares them with a gold program's items.
     """
 
     subject: str
     predicate: str
     object: str
     qualifiers: tuple[tuple[str, str], ...] = ()
+    terms: frozenset[tuple[str, str]] = field(default=frozenset(), compare=False, repr=False)
 
     @property
     def text(self) -> str:
@@ -53,12 +57,17 @@ def fact_triples(kb: KB) -> Iterator[Triple]:
         name = ent["name"]
         for cid in ent.get("instanceOf", []):
             if cid in kb.concepts:
-                yield Triple(name, "instance of", kb.concepts[cid]["name"])
+                cname = kb.concepts[cid]["name"]
+                yield Triple(name, "instance of", cname, terms=frozenset({("concept", cname)}))
         for attr in ent.get("attributes", []):
-            yield Triple(name, attr["key"], format_value(attr["value"]), _qualifiers(attr.get("qualifiers", {})))
+            quals = attr.get("qualifiers", {})
+            yield Triple(name, attr["key"], format_value(attr["value"]), _qualifiers(quals),
+                         frozenset({("key", attr["key"])} | {("qkey", k) for k in quals}))
         for rel in ent.get("relations", []):
             if rel["direction"] == "forward":
-                yield Triple(name, rel["relation"], kb.name_of(rel["object"]), _qualifiers(rel.get("qualifiers", {})))
+                quals = rel.get("qualifiers", {})
+                yield Triple(name, rel["relation"], kb.name_of(rel["object"]), _qualifiers(quals),
+                             frozenset({("relation", rel["relation"])} | {("qkey", k) for k in quals}))
 
 
 def ontology_triples(kb: KB) -> list[Triple]:
@@ -71,20 +80,29 @@ def ontology_triples(kb: KB) -> list[Triple]:
     for con in kb.concepts.values():
         for parent in con.get("subclassOf", []):
             if parent in kb.concepts:
-                out.add(Triple(con["name"], "subclass of", kb.concepts[parent]["name"]))
+                pname = kb.concepts[parent]["name"]
+                out.add(Triple(con["name"], "subclass of", pname,
+                               terms=frozenset({("concept", con["name"]), ("concept", pname)})))
     concepts_of = {eid: [kb.concepts[c]["name"] for c in ent.get("instanceOf", []) if c in kb.concepts]
                    for eid, ent in kb.entities.items()}
     for eid, ent in kb.entities.items():
         for cname in concepts_of[eid]:
+            con_term = ("concept", cname)
             for attr in ent.get("attributes", []):
-                out.add(Triple(cname, "has attribute", f"{attr['key']} ({_value_kind(attr['value'])})"))
+                key = ("key", attr["key"])
+                out.add(Triple(cname, "has attribute", f"{attr['key']} ({_value_kind(attr['value'])})",
+                               terms=frozenset({con_term, key})))
                 for qk in attr.get("qualifiers", {}):
-                    out.add(Triple(cname, "attribute qualifier", f"{attr['key']} → {qk}"))
+                    out.add(Triple(cname, "attribute qualifier", f"{attr['key']} → {qk}",
+                                   terms=frozenset({con_term, key, ("qkey", qk)})))
             for rel in ent.get("relations", []):
+                rel_term = ("relation", rel["relation"])
                 for other in concepts_of.get(rel["object"], ["entity"]) or ["entity"]:
-                    out.add(Triple(cname, f"{rel['relation']} ({rel['direction']})", other))
+                    out.add(Triple(cname, f"{rel['relation']} ({rel['direction']})", other,
+                                   terms=frozenset({con_term, rel_term, ("concept", other)})))
                 for qk in rel.get("qualifiers", {}):
-                    out.add(Triple(cname, "relation qualifier", f"{rel['relation']} → {qk}"))
+                    out.add(Triple(cname, "relation qualifier", f"{rel['relation']} → {qk}",
+                                   terms=frozenset({con_term, rel_term, ("qkey", qk)})))
     return sorted(out, key=lambda t: (t.subject, t.predicate, t.object))
 
 

@@ -1,0 +1,139 @@
+"""On-disk cache of embeddings and FAISS indexes, keyed by encoder, weights and content.
+
+An entry is a folder ``{label}-{key}`` holding ``embeddings.npy``, the index when it is not
+``flat`` (a flat index is rebuilt from the embeddings in milliseconds) and ``meta.json``. The
+key hashes the encoder name, a fingerprint of its weights, the exact texts embedded and the
+cache format, so a fine-tuned encoder or a changed KB never reuses an entry. Entries are
+written to a temporary folder and renamed, so concurrent SLURM tasks building the same entry
+never see a half-written one; on load, sizes and checksums are verified and an entry that does
+not match is rebuilt, never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from cbr2.retrieval.index import build_index
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+"""Bump when the entry layout or the meaning of a key changes."""
+
+
+def cache_root(configured: str | None = None) -> Path:
+    """``retrieval.cache_dir``, else ``$CBR2_CACHE_DIR``, else ``~/.cache/cbr2``."""
+    return Path(configured or os.environ.get("CBR2_CACHE_DIR") or Path.home() / ".cache" / "cbr2").expanduser()
+
+
+def content_hash(texts: Sequence[str]) -> str:
+    """SHA-256 of the texts in order (length-prefixed, so no separator can collide)."""
+    digest = hashlib.sha256()
+    for text in texts:
+        data = text.encode("utf-8")
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class EmbeddingStore:
+    """Embeddings and indexes of text collections, built once and reused across runs.
+
+    Args:
+        root: Cache folder (created on first write).
+    """
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def get(self, label: str, texts: Sequence[str], encoder: str, fingerprint: str,
+            embed: Callable[[Sequence[str]], np.ndarray], index_kind: str = "flat") -> tuple[np.ndarray, faiss.Index]:
+        """The embeddings of ``texts`` and a CPU index over them, from the cache or built now.
+
+        Args:
+            label: Readable prefix of the entry's folder (``facts``, ``ontology``, ``cases``...).
+            texts: What is embedded; part of the key.
+            encoder: Encoder name; part of the key.
+            fingerprint: ``encoders.weights_fingerprint`` of the encoder; part of the key.
+            embed: Computes the embeddings when the entry is missing or invalid.
+            index_kind: ``flat``, ``hnsw`` or ``ivf``.
+        """
+        meta = {"format": FORMAT, "encoder": encoder, "weights": fingerprint, "content": content_hash(texts),
+                "n": len(texts), "index": index_kind}
+        key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:20]
+        entry = self.root / f"{label}-{key}"
+        loaded = self._load(entry, meta)
+        if loaded is not None:
+            log.info("cache hit: %s (%d %s)", entry, len(texts), label)
+            return loaded
+        log.info("encoding %d %s with %s (cache: %s)", len(texts), label, encoder, entry)
+        embeddings = np.ascontiguousarray(embed(texts), dtype=np.float32)
+        if embeddings.shape[0] != len(texts):
+            raise ValueError(f"encoder returned {embeddings.shape[0]} embeddings for {len(texts)} texts")
+        index = build_index(embeddings, index_kind)
+        self._save(entry, meta, embeddings, index, index_kind)
+        return embeddings, index
+
+    def _load(self, entry: Path, meta: dict) -> tuple[np.ndarray, faiss.Index] | None:
+        if not entry.is_dir():
+            return None
+        try:
+            stored = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
+            if {k: stored.get(k) for k in meta} != meta:
+                raise ValueError("stale entry: its meta.json describes other content")
+            emb_path = entry / "embeddings.npy"
+            if _file_sha256(emb_path) != stored["embeddings_sha256"]:
+                raise ValueError("embeddings.npy does not match its checksum")
+            embeddings = np.load(emb_path, allow_pickle=False)
+            if embeddings.shape != (meta["n"], stored["dim"]) or embeddings.dtype != np.float32:
+                raise ValueError(f"embeddings have shape {embeddings.shape}, expected ({meta['n']}, {stored['dim']})")
+            if stored.get("index_sha256"):
+                idx_path = entry / "index.faiss"
+                if _file_sha256(idx_path) != stored["index_sha256"]:
+                    raise ValueError("index.faiss does not match its checksum")
+                index = faiss.read_index(str(idx_path))
+            else:
+                index = build_index(embeddings, "flat")
+            if index.ntotal != meta["n"]:
+                raise ValueError(f"index holds {index.ntotal} vectors, expected {meta['n']}")
+        except (OSError, ValueError, KeyError, RuntimeError, json.JSONDecodeError) as err:
+            log.warning("cache entry %s is unusable (%s); rebuilding it", entry, err)
+            shutil.rmtree(entry, ignore_errors=True)
+            return None
+        return embeddings, index
+
+    def _save(self, entry: Path, meta: dict, embeddings: np.ndarray, index: faiss.Index, kind: str) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=self.root))
+        try:
+            np.save(tmp / "embeddings.npy", embeddings, allow_pickle=False)
+            record = {**meta, "dim": int(embeddings.shape[1]), "embeddings_sha256": _file_sha256(tmp / "embeddings.npy")}
+            if kind != "flat" and not isinstance(index, faiss.IndexFlat):
+                faiss.write_index(index, str(tmp / "index.faiss"))
+                record["index_sha256"] = _file_sha256(tmp / "index.faiss")
+            (tmp / "meta.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+            try:
+                os.rename(tmp, entry)
+            except OSError:  # another process finished the same entry first; theirs is as good
+                shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise

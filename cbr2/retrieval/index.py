@@ -1,0 +1,82 @@
+"""FAISS inner-product indexes over unit-length embeddings (inner product = cosine).
+
+``flat`` is exact and the default; ``hnsw`` and ``ivf`` are approximate and meant for
+KQA Pro-sized fact sets. When faiss-gpu is installed and a GPU is visible, ``flat`` and
+``ivf`` indexes are moved to the GPUs (HNSW has no GPU version in FAISS and stays on CPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import faiss
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+INDEX_KINDS = ("flat", "hnsw", "ivf")
+
+HNSW_NEIGHBOURS = 32
+HNSW_EF_SEARCH = 128
+IVF_NPROBE = 16
+
+
+def gpu_available() -> bool:
+    """Whether this FAISS build has GPU support and sees at least one GPU."""
+    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
+def build_index(embeddings: np.ndarray, kind: str = "flat") -> faiss.Index:
+    """A CPU index over the rows of ``embeddings`` (float32, unit length).
+
+    Args:
+        embeddings: ``(n, dim)`` array.
+        kind: One of ``INDEX_KINDS``.
+
+    Raises:
+        ValueError: On an unknown kind.
+    """
+    if kind not in INDEX_KINDS:
+        raise ValueError(f"unknown retrieval.index {kind!r}; expected one of {', '.join(INDEX_KINDS)}")
+    n, dim = embeddings.shape
+    if kind == "flat" or n < 1000:
+        # Approximate indexes only pay off (and IVF can only be trained) with enough vectors.
+        index = faiss.IndexFlatIP(dim)
+    elif kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, HNSW_NEIGHBOURS, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efSearch = HNSW_EF_SEARCH
+    else:
+        # sqrt(n) lists, with the ~39 training points per centroid k-means needs.
+        nlist = max(1, min(int(math.sqrt(n)), n // 39))
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.train(embeddings)
+        index.nprobe = IVF_NPROBE
+    index.add(embeddings)
+    return index
+
+
+def to_device(index: faiss.Index, device: str) -> faiss.Index:
+    """Move an index to all visible GPUs when ``device`` is not ``cpu`` and faiss-gpu can.
+
+    The on-disk cache always holds the CPU form (``faiss.write_index`` cannot write GPU
+    indexes), so this runs after loading or building.
+    """
+    if device == "cpu" or not gpu_available() or isinstance(index, faiss.IndexHNSWFlat):
+        return index
+    log.info("moving a %d-vector index to %d GPU(s)", index.ntotal, faiss.get_num_gpus())
+    return faiss.index_cpu_to_all_gpus(index)
+
+
+def search(index: faiss.Index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` rows by inner product.
+
+    Returns:
+        ``(scores, ids)``, each ``(len(queries), min(k, index.ntotal))``; ids are row numbers
+        of the indexed embeddings, best first (``-1`` never appears: k is capped).
+    """
+    k = min(k, index.ntotal)
+    if k <= 0 or len(queries) == 0:
+        return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+    scores, ids = index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+    return scores, ids

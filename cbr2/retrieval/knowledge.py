@@ -1,0 +1,72 @@
+"""Knowledge retrieval: the top-K_o ontology triples and top-K_f fact triples for a question.
+
+The two kinds are indexed and searched separately (the paper's Section 4.1), so schema
+constraints are never crowded out by the far more numerous facts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cbr2.kb.model import KB
+from cbr2.kb.triples import Triple, fact_triples, ontology_triples
+from cbr2.retrieval.cache import EmbeddingStore
+from cbr2.retrieval.encoders import encode, weights_fingerprint
+from cbr2.retrieval.index import search, to_device
+
+
+@dataclass(frozen=True)
+class Knowledge:
+    """Triples retrieved for one question, best first."""
+
+    ontology: tuple[Triple, ...] = ()
+    facts: tuple[Triple, ...] = ()
+
+    def terms(self) -> set[tuple[str, str]]:
+        """Schema items mentioned by any retrieved triple (for knowledge recall)."""
+        return {term for t in (*self.ontology, *self.facts) for term in t.terms}
+
+
+class KnowledgeRetriever:
+    """Searches a KB's ontology and fact triples by embedding similarity.
+
+    Args:
+        kb: The knowledge base.
+        model: Sentence encoder (the one that also embeds the questions).
+        encoder: Its name (part of the cache key).
+        store: Embedding/index cache.
+        k_ontology: Ontology triples per question; 0 skips building that index.
+        k_facts: Fact triples per question; 0 skips building that index.
+        index_kind: ``flat``, ``hnsw`` or ``ivf``.
+        device: Where searches run (``cpu`` or a GPU when faiss-gpu can).
+        batch_size: Encoder batch size for the triples.
+    """
+
+    def __init__(self, kb: KB, model, encoder: str, store: EmbeddingStore, k_ontology: int = 10,
+                 k_facts: int = 10, index_kind: str = "flat", device: str = "cpu", batch_size: int = 64):
+        self.k_ontology, self.k_facts = k_ontology, k_facts
+        fingerprint = weights_fingerprint(model)
+
+        def embed(texts):
+            return encode(model, texts, batch_size, progress=None)
+
+        self.ontology: list[Triple] = ontology_triples(kb) if k_ontology > 0 else []
+        self.facts: list[Triple] = list(fact_triples(kb)) if k_facts > 0 else []
+        self._indexes = {}
+        for label, triples in (("ontology", self.ontology), ("facts", self.facts)):
+            if triples:
+                _, index = store.get(label, [t.text for t in triples], encoder, fingerprint, embed, index_kind)
+                self._indexes[label] = to_device(index, device)
+
+    def retrieve(self, query_embeddings: np.ndarray) -> list[Knowledge]:
+        """Knowledge for each question embedding (rows of ``query_embeddings``)."""
+        found = {}
+        for label, triples, k in (("ontology", self.ontology, self.k_ontology), ("facts", self.facts, self.k_facts)):
+            if label in self._indexes:
+                _, ids = search(self._indexes[label], query_embeddings, k)
+                found[label] = [tuple(triples[i] for i in row if i >= 0) for row in ids]
+            else:
+                found[label] = [()] * len(query_embeddings)
+        return [Knowledge(ont, facts) for ont, facts in zip(found["ontology"], found["facts"], strict=True)]

@@ -1,0 +1,168 @@
+"""Everything retrieved for a question, from one configuration: knowledge and cases.
+
+``Retriever`` loads the encoders once, encodes each batch of questions once per encoder and
+asks the knowledge and case retrievers. Its input is ``Query`` (id and text); the gold
+program and answer of an evaluated question never reach this module.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from cbr2.config import CONFIG_DIR, TrainConfig, load_config
+from cbr2.data.benchmarks import METAQA, Benchmark
+from cbr2.retrieval.cache import EmbeddingStore, cache_root
+from cbr2.retrieval.cases import VIEWS, Case, CaseRetriever, Query, Ranking
+from cbr2.retrieval.encoders import encode, load_encoder, pick_device
+from cbr2.retrieval.index import INDEX_KINDS
+from cbr2.retrieval.knowledge import Knowledge, KnowledgeRetriever
+
+log = logging.getLogger(__name__)
+
+CASE_MODES: dict[str, tuple[str, ...]] = {
+    "dual": ("semantic", "structural"),
+    "semantic": ("semantic",),
+    "structural": ("structural",),
+    "random": ("random",),
+    "none": (),
+}
+"""``retrieval.cases`` → the views whose cases go into the prompt, in merge order."""
+
+METRIC_DEPTH = 5
+"""Every computed view ranks at least this deep, so sketch-hit@5 is always measurable."""
+
+
+@dataclass
+class Retrieved:
+    """What one question gets.
+
+    Attributes:
+        query: The question as retrieval saw it.
+        knowledge: Its ontology and fact triples.
+        cases: The merged cases of the configured views (the prompt's cases).
+        rankings: Per computed view, pool indices with scores, at least ``METRIC_DEPTH`` deep.
+    """
+
+    query: Query
+    knowledge: Knowledge
+    cases: list[Case]
+    rankings: dict[str, Ranking] = field(default_factory=dict)
+
+    def to_record(self) -> dict:
+        """One line of ``retrieval.jsonl``."""
+        return {
+            "id": self.query.qid,
+            "ontology": [t.text for t in self.knowledge.ontology],
+            "facts": [t.text for t in self.knowledge.facts],
+            "cases": [{"id": c.question.qid, "views": list(c.views), "scores": list(c.scores)} for c in self.cases],
+        }
+
+
+class Retriever:
+    """Knowledge and case retrieval for one benchmark and configuration.
+
+    Args:
+        bench: Gives the KB and the training pool (its family's train split).
+        cfg: The ``retrieval`` config section.
+        structural: Encoder of the structural view (a trained checkpoint folder); only needed
+            when a structural view is computed.
+        extra_views: Views ranked for metrics beyond those the cases use (``--retrieval-only``
+            ranks all of them).
+        store: Cache; ``retrieval.cache_dir`` by default.
+    """
+
+    def __init__(self, bench: Benchmark, cfg: DictConfig, structural: str | None = None,
+                 extra_views: Sequence[str] = (), store: EmbeddingStore | None = None):
+        if cfg.cases not in CASE_MODES:
+            raise ValueError(f"unknown retrieval.cases {cfg.cases!r}; expected one of {', '.join(CASE_MODES)}")
+        if cfg.index not in INDEX_KINDS:
+            raise ValueError(f"unknown retrieval.index {cfg.index!r}; expected one of {', '.join(INDEX_KINDS)}")
+        self.cfg = cfg
+        self.case_views = CASE_MODES[cfg.cases]
+        self.views = tuple(v for v in VIEWS if v in self.case_views or v in extra_views)
+        if "structural" in self.views and not structural:
+            raise ValueError("the structural view needs a structural retriever (structural.checkpoint)")
+        store = store or EmbeddingStore(cache_root(cfg.cache_dir))
+        device = pick_device(cfg.device)
+        self.pool = bench.questions(bench.family.train_split)
+        self.encoders: dict[str, tuple[str, object]] = {}
+        if cfg.k_ontology > 0 or cfg.k_facts > 0 or "semantic" in self.views:
+            self.encoders["semantic"] = (cfg.encoder, load_encoder(cfg.encoder, device))
+        if "structural" in self.views:
+            self.encoders["structural"] = (structural, load_encoder(structural, device))
+        self.knowledge = None
+        if cfg.k_ontology > 0 or cfg.k_facts > 0:
+            name, model = self.encoders["semantic"]
+            self.knowledge = KnowledgeRetriever(bench.kb, model, name, store, cfg.k_ontology, cfg.k_facts,
+                                                cfg.index, device, cfg.batch_size)
+        case_encoders = {v: self.encoders[v] for v in ("semantic", "structural") if v in self.views}
+        self.cases = CaseRetriever(self.pool, store, case_encoders, cfg.index, device, cfg.batch_size, cfg.seed)
+
+    def _depth(self, view: str) -> int:
+        k = {"semantic": self.cfg.k_semantic, "structural": self.cfg.k_structural,
+             "random": self.cfg.k_semantic + self.cfg.k_structural}[view]
+        return max(k, METRIC_DEPTH)
+
+    def _k(self, view: str) -> int:
+        if view == "random":  # the random_case ablation keeps the prompt's number of cases
+            return self.cfg.k_semantic + self.cfg.k_structural
+        return self.cfg.k_semantic if view == "semantic" else self.cfg.k_structural
+
+    def retrieve(self, queries: Sequence[Query]) -> list[Retrieved]:
+        """Knowledge, cases and per-view rankings for each query."""
+        embeddings = {view: encode(model, [q.text for q in queries], self.cfg.batch_size, progress=False)
+                      for view, (_, model) in self.encoders.items()}
+        knowledge = (self.knowledge.retrieve(embeddings["semantic"]) if self.knowledge
+                     else [Knowledge()] * len(queries))
+        rankings = {view: self.cases.rank(view, queries, self._depth(view), embeddings.get(view)) for view in self.views}
+        out = []
+        for i, query in enumerate(queries):
+            mine = {view: rankings[view][i] for view in self.views}
+            cases = self.cases.merge({view: mine[view][: self._k(view)] for view in self.case_views})
+            out.append(Retrieved(query, knowledge[i], cases, mine))
+        return out
+
+
+def resolve_structural(cfg: DictConfig, bench: Benchmark) -> str:
+    """The structural retriever evaluation uses.
+
+    Order: ``structural.checkpoint`` when set (a folder, or any encoder name, e.g. the
+    untrained backbone for comparison); else the newest checkpoint trained on ``data.name``;
+    for MetaQA, else the newest trained on the matching KQA Pro benchmark (the paper reuses
+    the KQA Pro retriever for MetaQA); for the embedded benchmarks, else one trained now
+    with ``train.py``'s defaults.
+
+    Raises:
+        ValueError: When none exists, with the ``train.py`` command that makes one.
+    """
+    if cfg.structural.checkpoint:
+        return str(cfg.structural.checkpoint)
+    from cbr2.structural.checkpoints import find_checkpoint
+    where = Path(cfg.structural.checkpoints_dir)
+    candidates = [cfg.data.name]
+    if bench.family is METAQA:
+        candidates.append(cfg.data.name.replace("metaqa", "kqapro"))
+    for name in candidates:
+        found = find_checkpoint(where, name)
+        if found is not None:
+            if name != cfg.data.name:
+                log.info("no structural retriever trained on %s; using %s's (as the paper does)", cfg.data.name, name)
+            log.info("structural retriever: %s", found)
+            return str(found)
+    train_on = candidates[-1]
+    if not train_on.startswith("mini-"):
+        root = f" data.root={cfg.data.root}" if cfg.data.root else " data.root=DIR"
+        raise ValueError(f"no structural retriever for {cfg.data.name} in {where}/; train one with "
+                         f"`python train.py data.name={train_on}{root}` or set structural.checkpoint=PATH")
+    from cbr2.structural.train import train
+
+    log.warning("no structural retriever for %s in %s/; training one now (python train.py data.name=%s)",
+                cfg.data.name, where, train_on)
+    train_cfg = load_config([f"data.name={train_on}", f"structural.checkpoints_dir={where}"],
+                            files=[CONFIG_DIR / "train.yaml"], schema=TrainConfig)
+    return str(train(train_cfg)["checkpoint"])

@@ -1,0 +1,335 @@
+"""Retrieval: FAISS indexes, the embedding cache, knowledge and case retrievers, metrics, leakage."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from cbr2.config import load_config
+from cbr2.data.benchmarks import EMBEDDED_ROOT, Benchmark
+from cbr2.data.questions import Question
+from cbr2.evaluation.metrics import knowledge_recall, retrieval_metrics, sketch_hit_at_k
+from cbr2.evaluation.runner import run_evaluation
+from cbr2.kb.triples import fact_triples, ontology_triples
+from cbr2.kopl.sketch import schema_items
+from cbr2.kopl.text import parse_dag_text
+from cbr2.retrieval.cache import EmbeddingStore
+from cbr2.retrieval.cases import CaseRetriever, Query
+from cbr2.retrieval.index import build_index, search
+from cbr2.retrieval.knowledge import KnowledgeRetriever
+
+BACKBONE = "structural.checkpoint=sentence-transformers/all-MiniLM-L6-v2"
+
+
+class KeywordEncoder:
+    """A fake sentence encoder: normalised bag of known words, so expected rankings are exact."""
+
+    def __init__(self, vocabulary):
+        self.vocab = {w: i for i, w in enumerate(vocabulary)}
+        self.calls = 0
+
+    def encode(self, texts, **_):
+        self.calls += 1
+        out = np.zeros((len(texts), len(self.vocab) + 1), np.float32)
+        for row, text in enumerate(texts):
+            for word in text.lower().replace("?", " ").split():
+                out[row, self.vocab.get(word, len(self.vocab))] += 1
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+
+    def get_embedding_dimension(self):
+        return len(self.vocab) + 1
+
+    def state_dict(self):
+        return {}
+
+    def __getitem__(self, i):
+        return self
+
+
+# ---------------------------------------------------------------- indexes
+
+
+def _unit(n, dim, seed=0, clusters=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, dim)).astype(np.float32)
+    if clusters:  # sentence embeddings are clustered; approximate indexes rely on that
+        x = 0.3 * x + 3 * rng.normal(size=(clusters, dim)).astype(np.float32)[rng.integers(clusters, size=n)]
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_flat_index_is_exact_inner_product():
+    emb, queries = _unit(300, 16), _unit(7, 16, seed=1)
+    scores, ids = search(build_index(emb, "flat"), queries, 5)
+    expected = np.argsort(-(queries @ emb.T), axis=1)[:, :5]
+    assert (ids == expected).all()
+    assert np.allclose(scores, np.take_along_axis(queries @ emb.T, expected, axis=1), atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["hnsw", "ivf"])
+def test_approximate_indexes_find_most_exact_neighbours(kind):
+    emb = _unit(4050, 32, clusters=40)
+    emb, queries = emb[:4000], emb[4000:]
+    _, exact = search(build_index(emb, "flat"), queries, 10)
+    _, approx = search(build_index(emb, kind), queries, 10)
+    recall = np.mean([len(set(a) & set(e)) / 10 for a, e in zip(approx, exact)])
+    assert recall >= 0.9
+
+
+def test_search_caps_k_and_unknown_kind_fails():
+    _, ids = search(build_index(_unit(3, 4), "flat"), _unit(2, 4), 10)
+    assert ids.shape == (2, 3) and (ids >= 0).all()
+    with pytest.raises(ValueError, match="unknown retrieval.index 'lsh'"):
+        build_index(_unit(3, 4), "lsh")
+
+
+# ---------------------------------------------------------------- cache
+
+
+def _counting_embed(log):
+    def embed(texts):
+        log.append(len(texts))
+        return _unit(len(texts), 8, seed=len(texts))
+    return embed
+
+
+def test_cache_reuses_an_entry_and_keys_on_encoder_weights_and_content(tmp_path):
+    store, calls = EmbeddingStore(tmp_path), []
+    texts = ["a", "b", "c"]
+    first, _ = store.get("facts", texts, "enc", "w1", _counting_embed(calls))
+    again, index = store.get("facts", texts, "enc", "w1", _counting_embed(calls))
+    assert calls == [3] and np.array_equal(first, again) and index.ntotal == 3
+    store.get("facts", ["a", "b", "d"], "enc", "w1", _counting_embed(calls))    # other content
+    store.get("facts", texts, "enc2", "w1", _counting_embed(calls))              # other encoder
+    store.get("facts", texts, "enc", "w2", _counting_embed(calls))               # fine-tuned weights
+    store.get("facts", ["ab", "c"], "enc", "w1", _counting_embed(calls))         # no separator collision
+    store.get("facts", ["a", "bc"], "enc", "w1", _counting_embed(calls))
+    assert calls == [3, 3, 3, 3, 2, 2]
+
+
+def _entry(tmp_path):
+    (entry,) = [p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    return entry
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "stale_meta", "no_meta", "index"])
+def test_a_corrupt_or_stale_entry_is_rebuilt_never_used(tmp_path, caplog, damage):
+    store, calls = EmbeddingStore(tmp_path), []
+    kind = "hnsw" if damage == "index" else "flat"
+    texts = [f"t{i}" for i in range(1200)]
+    good, _ = store.get("facts", texts, "enc", "w", _counting_embed(calls), kind)
+    entry = _entry(tmp_path)
+    if damage == "flip":
+        raw = bytearray((entry / "embeddings.npy").read_bytes())
+        raw[-5] ^= 0xFF
+        (entry / "embeddings.npy").write_bytes(bytes(raw))
+    elif damage == "truncate":
+        (entry / "embeddings.npy").write_bytes((entry / "embeddings.npy").read_bytes()[:200])
+    elif damage == "stale_meta":
+        meta = json.loads((entry / "meta.json").read_text())
+        (entry / "meta.json").write_text(json.dumps({**meta, "content": "0" * 64}))
+    elif damage == "no_meta":
+        (entry / "meta.json").unlink()
+    else:
+        (entry / "index.faiss").write_bytes(b"not an index")
+    rebuilt, index = store.get("facts", texts, "enc", "w", _counting_embed(calls), kind)
+    assert calls == [1200, 1200], "a damaged entry must be re-encoded"
+    assert np.array_equal(rebuilt, good) and index.ntotal == 1200
+    assert "unusable" in caplog.text and "rebuilding" in caplog.text
+    store.get("facts", texts, "enc", "w", _counting_embed(calls), kind)
+    assert calls == [1200, 1200], "the rebuilt entry is reused"
+
+
+# ---------------------------------------------------------------- knowledge and cases
+
+
+def test_knowledge_retriever_finds_the_matching_triples(tiny_kb, tmp_path):
+    kb = tiny_kb
+    words = ["marie", "curie", "date", "birth", "population", "warsaw", "city", "height"]
+    retriever = KnowledgeRetriever(kb, KeywordEncoder(words), "kw", EmbeddingStore(tmp_path), k_ontology=2, k_facts=1)
+    enc = KeywordEncoder(words)
+    (got,) = retriever.retrieve(enc.encode(["date of birth of Marie Curie"]))
+    assert [t.text for t in got.facts] == ["Marie Curie | date of birth | 1867-11-07"]
+    assert len(got.ontology) == 2 and ("key", "date of birth") in got.terms()
+    none = KnowledgeRetriever(kb, enc, "kw", EmbeddingStore(tmp_path), k_ontology=0, k_facts=0)
+    assert none.retrieve(enc.encode(["x"]))[0].facts == ()
+
+
+def test_triples_name_their_schema_items(tiny_kb):
+    kb = tiny_kb
+    facts = {t.text: t.terms for t in fact_triples(kb)}
+    assert facts["Marie Curie | award received | Nobel Prize in Physics (point in time: 1903)"] == {
+        ("relation", "award received"), ("qkey", "point in time")}
+    onto = {t.text: t.terms for t in ontology_triples(kb)}
+    assert onto["city | subclass of | geographic location"] == {("concept", "city"), ("concept", "geographic location")}
+    assert ("key", "population") in onto["city | attribute qualifier | population → point in time"]
+
+
+def _q(qid, text, program="r1: Find[x] → QueryName[]"):
+    return Question(qid, text, parse_dag_text(program), "x", "QueryName", None)
+
+
+POOL = [_q("t0", "who directed the matrix"), _q("t1", "who wrote the matrix"),
+        _q("t2", "when was the matrix released"), _q("t3", "who directed alien")]
+WORDS = ["who", "directed", "wrote", "matrix", "released", "alien", "when"]
+
+
+def _cases(tmp_path, **kw):
+    enc = KeywordEncoder(WORDS)
+    return CaseRetriever(POOL, EmbeddingStore(tmp_path), {"semantic": ("kw", enc)}, **kw), enc
+
+
+def test_case_ranking_excludes_the_question_itself(tmp_path):
+    cases, enc = _cases(tmp_path)
+    queries = [Query("t0", "who directed the matrix"), Query("v0", "who directed the matrix")]
+    own, other = cases.rank("semantic", queries, 2, enc.encode([q.text for q in queries]))
+    assert [i for i, _ in other] == [0, 1] or [i for i, _ in other] == [0, 3]
+    assert 0 not in [i for i, _ in own] and len(own) == 2
+
+
+def test_merge_removes_duplicates_and_keeps_every_view(tmp_path):
+    cases, _ = _cases(tmp_path)
+    merged = cases.merge({"semantic": [(0, 0.9), (1, 0.5)], "structural": [(1, 0.8), (3, 0.7)]})
+    assert [c.question.qid for c in merged] == ["t0", "t1", "t3"]
+    assert merged[1].views == ("semantic", "structural") and merged[1].scores == (0.5, 0.8)
+
+
+def test_random_cases_are_seeded_per_question_and_never_the_question(tmp_path):
+    cases, _ = _cases(tmp_path, seed=3)
+    queries = [Query(f"t{i}", "q") for i in range(4)]
+    a = cases.rank("random", queries, 3)
+    b = cases.rank("random", queries[::-1], 3)[::-1]
+    assert a == b, "a question's random cases do not depend on the order it is asked in"
+    assert all(i != qi for qi, ranking in enumerate(a) for i, _ in ranking)
+    other_seed, _ = _cases(tmp_path, seed=4)
+    many = [Query(f"v{i}", "q") for i in range(20)]
+    assert cases.rank("random", many, 2) != other_seed.rank("random", many, 2)
+    with pytest.raises(ValueError, match="has no encoder"):
+        cases.rank("structural", queries, 2, np.zeros((4, 8), np.float32))
+
+
+def test_query_carries_only_id_and_text():
+    assert list(Query.__dataclass_fields__) == ["qid", "text"]
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def test_knowledge_recall_is_micro_averaged_over_typed_items():
+    gold = [{("key", "height"), ("concept", "city")}, {("relation", "height")}]
+    found = [{("key", "height")}, {("key", "height")}]   # the same name as another kind does not count
+    assert knowledge_recall(gold, found) == pytest.approx(1 / 3)
+    assert knowledge_recall([set()], [set()]) == 0.0
+
+
+def test_retrieval_metrics_merge_the_views_top_k():
+    a, b, c = ("Find", "QueryName"), ("FindAll", "Count"), ("Find", "Relate", "QueryName")
+    gold = [a, b]
+    views = {"semantic": [[c, a], [c, c]], "structural": [[a, c], [c, b]]}
+    m = retrieval_metrics(gold, views)
+    assert m["cases"]["semantic"] == {"sketch_hit@1": 0.0, "sketch_hit@5": 0.5}
+    assert m["cases"]["structural"] == {"sketch_hit@1": 0.5, "sketch_hit@5": 1.0}
+    assert m["cases"]["merged"] == {"sketch_hit@1": 0.5, "sketch_hit@5": 1.0}
+    assert sketch_hit_at_k(gold, views["semantic"], 2) == 0.5
+
+
+def test_schema_items_come_from_the_function_table():
+    program = parse_dag_text("r1: FindAll[] → FilterConcept[city] → FilterNum[population | 1000 | >] → "
+                             "QueryAttrQualifier[population | 1000 | point in time]")
+    assert schema_items(program) == {("concept", "city"), ("key", "population"), ("qkey", "point in time")}
+
+
+# ---------------------------------------------------------------- end to end, with the real encoder
+
+
+def _retrieval_run(tmp_path, root, name, *overrides):
+    cfg = load_config([f"data.name={name}", f"data.root={root}", f"output_dir={tmp_path / name}",
+                       BACKBONE, *overrides])
+    metrics = run_evaluation(cfg, retrieval_only=True)
+    return metrics, (tmp_path / name / "retrieval.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_retrieval_never_sees_the_gold_programs_or_answers_of_the_evaluated_split(tmp_path):
+    """Rotate the programs and answers of the evaluated questions: nothing retrieved may change."""
+    honest = tmp_path / "honest"
+    shutil.copytree(EMBEDDED_ROOT / "mini-kqapro", honest)
+    tampered = tmp_path / "tampered"
+    shutil.copytree(honest, tampered)
+    val = json.loads((honest / "val.json").read_text())
+    original = json.loads((honest / "val.json").read_text())
+    for q, other in zip(val, original[7:] + original[:7]):
+        q["program"], q["answer"] = other["program"], other["answer"] + " (tampered)"
+    (tampered / "val.json").write_text(json.dumps(val))
+
+    m_honest, r_honest = _retrieval_run(tmp_path, honest, "kqapro", "eval.limit=40")
+    shutil.move(tmp_path / "kqapro", tmp_path / "kqapro-honest")
+    m_tampered, r_tampered = _retrieval_run(tmp_path, tampered, "kqapro", "eval.limit=40")
+    assert r_honest == r_tampered, "retrieved cases or triples changed with the gold programs"
+    records = [json.loads(line) for line in r_honest.splitlines()]
+    assert len(records) == 40 and all(r["facts"] and r["ontology"] and r["cases"] for r in records)
+    # Non-vacuous: the scores do read the gold programs, after retrieval.
+    assert m_honest["retrieval"]["cases"] != m_tampered["retrieval"]["cases"]
+
+
+@pytest.mark.slow
+def test_a_training_question_is_never_its_own_case(tmp_path):
+    _, lines = _retrieval_run(tmp_path, EMBEDDED_ROOT / "mini-metaqa", "mini-metaqa", "data.split=train",
+                              "eval.limit=30", "retrieval.k_facts=0", "retrieval.k_ontology=0")
+    pool = {q.qid: q.question for q in Benchmark("mini-metaqa").questions("train")}
+    for record in map(json.loads, lines.splitlines()):
+        ids = [c["id"] for c in record["cases"]]
+        assert record["id"] not in ids and len(ids) == len(set(ids)) and ids
+        assert all(pool[i] for i in ids)
+
+
+# ---------------------------------------------------------------- which structural retriever
+
+
+def _export(root, name, data, created):
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "cbr2_structural.json").write_text(json.dumps({"data": {"name": data}, "created": created}))
+    return folder
+
+
+def _resolve(tmp_path, *overrides):
+    from cbr2.retrieval.retriever import resolve_structural
+
+    cfg = load_config([f"structural.checkpoints_dir={tmp_path}", *overrides])
+    return resolve_structural(cfg, Benchmark(cfg.data.name, cfg.data.root))
+
+
+def test_the_newest_retriever_of_the_same_dataset_is_used(tmp_path):
+    _export(tmp_path, "old", "mini-kqapro", "2026-01-01T00:00:00+00:00")
+    new = _export(tmp_path, "new", "mini-kqapro", "2026-02-01T00:00:00+00:00")
+    _export(tmp_path, "newest-other", "mini-metaqa", "2026-03-01T00:00:00+00:00")
+    assert _resolve(tmp_path) == str(new)
+    assert _resolve(tmp_path, "structural.checkpoint=/some/where") == "/some/where"
+    # MetaQA has its own here; without it, the KQA Pro one is reused, as in the paper.
+    assert _resolve(tmp_path, "data.name=mini-metaqa").endswith("newest-other")
+    shutil.rmtree(tmp_path / "newest-other")
+    assert _resolve(tmp_path, "data.name=mini-metaqa") == str(new)
+
+
+def test_an_official_dataset_without_a_retriever_stops_with_the_train_command(tmp_path):
+    root = tmp_path / "KQAPro"
+    shutil.copytree(EMBEDDED_ROOT / "mini-kqapro", root)
+    with pytest.raises(ValueError, match=f"python train.py data.name=kqapro data.root={root}"):
+        _resolve(tmp_path / "ckpt", "data.name=kqapro", f"data.root={root}")
+
+
+def test_the_embedded_default_trains_one_on_first_use(tmp_path, monkeypatch):
+    import cbr2.structural.train as training
+
+    seen = []
+
+    def fake_train(cfg):
+        seen.append((cfg.data.name, cfg.structural.checkpoints_dir))
+        return {"checkpoint": tmp_path / "trained"}
+
+    monkeypatch.setattr(training, "train", fake_train)
+    assert _resolve(tmp_path, "data.name=mini-metaqa") == str(tmp_path / "trained")
+    assert seen == [("mini-kqapro", str(tmp_path))], "MetaQA reuses a retriever trained on KQA Pro"
