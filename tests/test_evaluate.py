@@ -61,7 +61,7 @@ def test_official_metaqa_layout(tmp_path):
     assert set(metrics["per_category"]) == {"1-hop", "2-hop", "3-hop"}
 
 
-def test_config_errors_are_clear():
+def test_config_errors_are_clear(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown key 'data\.nmae'.*valid keys: .*data\.name"):
         load_config(["data.nmae=x"])
     with pytest.raises(ConfigError, match="eval.limit"):
@@ -73,7 +73,10 @@ def test_config_errors_are_clear():
     with pytest.raises(ValueError, match="gold answers"):
         run_evaluation(load_config(["data.split=test"]))
     with pytest.raises(ValueError, match="unknown llm.backend 'gld'.*did you mean gold"):
-        run_evaluation(load_config(["llm.backend=gld", "eval.limit=1", "output_dir=/tmp/cbr2-test-gld"]))
+        # Checked before retrieval, which would otherwise look for (or train) a structural retriever.
+        run_evaluation(load_config(["llm.backend=gld", "eval.limit=1", f"output_dir={tmp_path}",
+                                    f"structural.checkpoints_dir={tmp_path / 'none'}"]))
+    assert not (tmp_path / "none").exists()
 
 
 class _Scripted:

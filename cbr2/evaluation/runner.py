@@ -25,7 +25,7 @@ from cbr2.evaluation.metrics import compute_metrics, retrieval_metrics
 from cbr2.evaluation.report import write_report
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.sketch import schema_items, sketch
-from cbr2.llm import get_backend
+from cbr2.llm import backend_class, get_backend
 from cbr2.pipeline import score_generation
 from cbr2.retrieval.cases import VIEWS, Query
 from cbr2.retrieval.retriever import CASE_MODES, Retrieved, Retriever, resolve_structural
@@ -73,6 +73,8 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False) -> dict[str, A
     """
     bench = Benchmark(cfg.data.name, cfg.data.root)
     questions = select_questions(bench, cfg)
+    if not retrieval_only:
+        backend_class(cfg.llm.backend)  # a misspelt backend fails before minutes of retrieval
     out = output_dir(cfg, bench, retrieval_only)
     if retrieval_only or "structural" in CASE_MODES.get(cfg.retrieval.cases, ()):
         # Resolved once and saved in config.yaml, so the run records the exact retriever used.

@@ -16,8 +16,8 @@ BACKENDS: dict[str, str] = {
 """``llm.backend`` name → ``module:Class``."""
 
 
-def get_backend(name: str, **kwargs: Any) -> Any:
-    """Instantiate the backend registered under ``name``.
+def backend_class(name: str) -> type:
+    """The class registered under ``name``, imported now (its heavy packages load only when built).
 
     Raises:
         ValueError: For an unknown name, with the closest registered names.
@@ -27,4 +27,13 @@ def get_backend(name: str, **kwargs: Any) -> Any:
         hint = f" (did you mean {' or '.join(close)}?)" if close else ""
         raise ValueError(f"unknown llm.backend {name!r}{hint}; available: {', '.join(BACKENDS)}")
     module, cls = BACKENDS[name].split(":")
-    return getattr(importlib.import_module(module), cls)(**kwargs)
+    return getattr(importlib.import_module(module), cls)
+
+
+def get_backend(name: str, **kwargs: Any) -> Any:
+    """Instantiate the backend registered under ``name``.
+
+    Raises:
+        ValueError: For an unknown name, with the closest registered names.
+    """
+    return backend_class(name)(**kwargs)
