@@ -233,3 +233,16 @@ def test_train_cli_rejects_unknown_key(tmp_path):
     assert proc.returncode == 2
     assert "error:" in proc.stderr and "structural.nope" in proc.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_online_wandb_falls_back_to_offline_without_a_route(monkeypatch, caplog):
+    from cbr2 import tracking
+
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # discard port: nothing listens
+    assert tracking.wandb_mode("online", timeout_s=0.5) == "offline"
+    assert "unreachable" in caplog.text
+    assert tracking.wandb_mode("disabled") == "disabled"
+    monkeypatch.setattr(tracking, "_reachable", lambda *a: True)
+    assert tracking.wandb_mode("online") == "online"
+    with pytest.raises(ValueError, match="wandb.mode='onlin'"):
+        tracking.wandb_mode("onlin")

@@ -25,13 +25,13 @@ from cbr2.config import ConfigError, git_hash
 from cbr2.structural.checkpoints import export_checkpoint
 from cbr2.structural.data import PairDataModule
 from cbr2.structural.module import StructuralRetriever
+from cbr2.tracking import wandb_mode
 
 log = logging.getLogger(__name__)
 
 MONITOR = "val/sketch_hit@5"
 """The metric that picks the best checkpoint."""
 _RESERVED = ("logger", "callbacks", "default_root_dir")  # train() sets these Trainer arguments itself
-_WANDB_MODES = ("online", "offline", "disabled")
 
 
 def run_id(cfg: DictConfig) -> str:
@@ -57,12 +57,14 @@ def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
 def _loggers(cfg: DictConfig, out: Path, rid: str) -> list[Logger]:
     config = OmegaConf.to_container(cfg, resolve=True)
     loggers: list[Logger] = [CSVLogger(out, name="logs")]
-    if cfg.wandb.mode not in _WANDB_MODES:
-        raise ConfigError(f"wandb.mode={cfg.wandb.mode!r}; expected one of {', '.join(_WANDB_MODES)}")
-    if cfg.wandb.mode != "disabled":
+    try:
+        mode = wandb_mode(cfg.wandb.mode)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if mode != "disabled":
         from lightning.pytorch.loggers import WandbLogger  # imports wandb
 
-        loggers.append(WandbLogger(name=f"structural-{cfg.data.name}-{rid}", save_dir=str(out), mode=cfg.wandb.mode,
+        loggers.append(WandbLogger(name=f"structural-{cfg.data.name}-{rid}", save_dir=str(out), mode=mode,
                                    project=cfg.wandb.project, entity=cfg.wandb.entity, group=cfg.wandb.group))
     for logger in loggers:
         logger.log_hyperparams(config)
