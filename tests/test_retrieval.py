@@ -333,3 +333,15 @@ def test_the_embedded_default_trains_one_on_first_use(tmp_path, monkeypatch):
     monkeypatch.setattr(training, "train", fake_train)
     assert _resolve(tmp_path, "data.name=mini-metaqa") == str(tmp_path / "trained")
     assert seen == [("mini-kqapro", str(tmp_path))], "MetaQA reuses a retriever trained on KQA Pro"
+
+
+def test_a_bad_retrieval_setting_fails_before_any_training(tmp_path, monkeypatch):
+    import cbr2.structural.train as training
+
+    monkeypatch.setattr(training, "train", lambda cfg: pytest.fail("trained before checking the encoder"))
+    cfg = load_config([f"output_dir={tmp_path}", f"structural.checkpoints_dir={tmp_path / 'none'}",
+                       f"retrieval.encoder={tmp_path / 'missing-encoder'}"])
+    with pytest.raises(OSError, match="missing-encoder does not exist"):
+        run_evaluation(cfg, retrieval_only=True)
+    with pytest.raises(ValueError, match="unknown retrieval.cases"):
+        run_evaluation(load_config([f"output_dir={tmp_path}", "retrieval.cases=both"]))

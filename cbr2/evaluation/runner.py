@@ -28,7 +28,7 @@ from cbr2.kopl.sketch import schema_items, sketch
 from cbr2.llm import backend_class, get_backend
 from cbr2.pipeline import score_generation
 from cbr2.retrieval.cases import VIEWS, Query
-from cbr2.retrieval.retriever import CASE_MODES, Retrieved, Retriever, resolve_structural
+from cbr2.retrieval.retriever import CASE_MODES, Retrieved, Retriever, check_retrieval_config, resolve_structural
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,8 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False) -> dict[str, A
     if not retrieval_only:
         backend_class(cfg.llm.backend)  # a misspelt backend fails before minutes of retrieval
     out = output_dir(cfg, bench, retrieval_only)
-    if retrieval_only or "structural" in CASE_MODES.get(cfg.retrieval.cases, ()):
+    check_retrieval_config(cfg.retrieval)
+    if retrieval_only or "structural" in CASE_MODES[cfg.retrieval.cases]:
         # Resolved once and saved in config.yaml, so the run records the exact retriever used.
         cfg.structural.checkpoint = resolve_structural(cfg, bench)
     out.mkdir(parents=True, exist_ok=True)

@@ -33,11 +33,16 @@ def resolve_model(name: str) -> str:
 
     Raises:
         ValueError: If ``name`` is empty.
+        OSError: If ``name`` is a path (absolute, relative with ``./``, or deeper than
+            ``org/name``) to a folder that does not exist.
     """
     if not name:
         raise ValueError("an encoder name is required (a hub id such as BAAI/bge-m3 or a local folder)")
     if Path(name).expanduser().is_dir():
         return str(Path(name).expanduser().resolve())
+    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
+        # Clearly a path, not a hub id ("org/name"): say so instead of asking the hub.
+        raise OSError(f"encoder folder {name} does not exist")
     if name in PACKAGED:
         module, func = PACKAGED[name].split(":")
         try:
@@ -73,7 +78,7 @@ def load_encoder(name: str, device: str = "auto") -> SentenceTransformer:
     where = resolve_model(name)
     try:
         model = SentenceTransformer(where, device=pick_device(device))
-    except OSError as err:
+    except (OSError, ValueError) as err:  # the hub client raises ValueError on malformed ids
         raise OSError(f"cannot load encoder {name!r} (from {where}): {err}") from err
     model.eval()
     return model

@@ -63,6 +63,21 @@ class Retrieved:
         }
 
 
+def check_retrieval_config(cfg: DictConfig) -> None:
+    """Fail on a bad ``retrieval`` section before anything slow (training, encoding) starts.
+
+    Raises:
+        ValueError: On an unknown ``retrieval.cases`` or ``retrieval.index``.
+        OSError: When ``retrieval.encoder`` cannot be loaded (it is then cached for later use).
+    """
+    if cfg.cases not in CASE_MODES:
+        raise ValueError(f"unknown retrieval.cases {cfg.cases!r}; expected one of {', '.join(CASE_MODES)}")
+    if cfg.index not in INDEX_KINDS:
+        raise ValueError(f"unknown retrieval.index {cfg.index!r}; expected one of {', '.join(INDEX_KINDS)}")
+    if cfg.k_ontology > 0 or cfg.k_facts > 0 or "semantic" in CASE_MODES[cfg.cases]:
+        load_encoder(cfg.encoder, pick_device(cfg.device))
+
+
 class Retriever:
     """Knowledge and case retrieval for one benchmark and configuration.
 
@@ -78,10 +93,7 @@ class Retriever:
 
     def __init__(self, bench: Benchmark, cfg: DictConfig, structural: str | None = None,
                  extra_views: Sequence[str] = (), store: EmbeddingStore | None = None):
-        if cfg.cases not in CASE_MODES:
-            raise ValueError(f"unknown retrieval.cases {cfg.cases!r}; expected one of {', '.join(CASE_MODES)}")
-        if cfg.index not in INDEX_KINDS:
-            raise ValueError(f"unknown retrieval.index {cfg.index!r}; expected one of {', '.join(INDEX_KINDS)}")
+        check_retrieval_config(cfg)
         self.cfg = cfg
         self.case_views = CASE_MODES[cfg.cases]
         self.views = tuple(v for v in VIEWS if v in self.case_views or v in extra_views)
