@@ -14,10 +14,11 @@ import torch
 from cbr2.config import CONFIG_DIR, ConfigError, TrainConfig, load_config
 from cbr2.data.benchmarks import EMBEDDED_ROOT, Benchmark
 from cbr2.kopl.sketch import sketch
+from cbr2.retrieval.index import build_index, search
 from cbr2.structural.checkpoints import META_FILE, find_checkpoint
 from cbr2.structural.data import PairDataModule, PairStream, QuestionSet, split_holdout
 from cbr2.structural.labels import LABELS, PairSampler, SketchTable, lcs, seqmatch
-from cbr2.structural.module import cosine_mse_loss, top_k
+from cbr2.structural.module import cosine_mse_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_HOP = ("Find", "Relate", "QueryName")
@@ -135,10 +136,10 @@ def test_cosine_mse_loss_on_hand_made_embeddings():
     assert loss.item() == pytest.approx(((0 - 0.5) ** 2 + (1 - 0.25) ** 2) / 2)
 
 
-def test_top_k_orders_by_inner_product():
+def test_validation_ranking_orders_by_inner_product():
     pool = np.eye(3, dtype=np.float32)
     queries = np.array([[0.1, 0.9, 0.5], [1.0, 0.0, 0.2]], dtype=np.float32)
-    assert top_k(queries, pool, 2, chunk=1).tolist() == [[1, 2], [0, 2]]
+    assert search(build_index(pool, "flat"), queries, 2)[1].tolist() == [[1, 2], [0, 2]]
 
 
 # -------------------------------------------------------------------------- exports

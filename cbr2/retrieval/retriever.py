@@ -115,15 +115,13 @@ class Retriever:
         case_encoders = {v: self.encoders[v] for v in ("semantic", "structural") if v in self.views}
         self.cases = CaseRetriever(self.pool, store, case_encoders, cfg.index, device, cfg.batch_size, cfg.seed)
 
-    def _depth(self, view: str) -> int:
-        k = {"semantic": self.cfg.k_semantic, "structural": self.cfg.k_structural,
-             "random": self.cfg.k_semantic + self.cfg.k_structural}[view]
-        return max(k, METRIC_DEPTH)
-
     def _k(self, view: str) -> int:
         if view == "random":  # the random_case ablation keeps the prompt's number of cases
             return self.cfg.k_semantic + self.cfg.k_structural
         return self.cfg.k_semantic if view == "semantic" else self.cfg.k_structural
+
+    def _depth(self, view: str) -> int:
+        return max(self._k(view), METRIC_DEPTH)
 
     def retrieve(self, queries: Sequence[Query]) -> list[Retrieved]:
         """Knowledge, cases and per-view rankings for each query."""

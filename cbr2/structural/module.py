@@ -21,6 +21,7 @@ from scipy.stats import spearmanr
 
 from cbr2.evaluation.metrics import sketch_hit_at_k
 from cbr2.retrieval.encoders import encode, resolve_model
+from cbr2.retrieval.index import build_index, search
 from cbr2.structural.data import Batch, QuestionSet
 
 if TYPE_CHECKING:
@@ -46,29 +47,13 @@ def cosine_mse_loss(emb_a: torch.Tensor, emb_b: torch.Tensor, labels: torch.Tens
     return F.mse_loss(cos, labels.float())
 
 
-def top_k(queries: np.ndarray, pool: np.ndarray, k: int, chunk: int = 1024) -> np.ndarray:
-    """Per query row, the indices of its ``k`` highest inner products with ``pool``, best first.
-
-    Args:
-        queries: ``(Q, D)`` embeddings.
-        pool: ``(P, D)`` embeddings.
-        k: Neighbours per query (at most ``P``).
-        chunk: Queries scored at once, bounding memory to ``chunk × P`` scores.
-
-    Returns:
-        ``(Q, min(k, P))`` int64 indices into ``pool``.
-    """
-    k = min(k, len(pool))
-    pool_t = torch.from_numpy(pool)
-    rows = [(torch.from_numpy(queries[s:s + chunk]) @ pool_t.T).topk(k, dim=1).indices
-            for s in range(0, len(queries), chunk)]
-    return torch.cat(rows).numpy() if rows else np.zeros((0, k), dtype=np.int64)
-
-
 def sketch_hits(queries: QuestionSet, q_emb: np.ndarray, pool: QuestionSet, pool_emb: np.ndarray,
                 ks: tuple[int, ...] = HIT_KS) -> dict[str, float]:
-    """``{"val/sketch_hit@k": ...}`` of ``queries`` retrieving from ``pool`` by inner product."""
-    top = top_k(q_emb, pool_emb, max(ks))
+    """``{"val/sketch_hit@k": ...}`` of ``queries`` retrieving from ``pool`` by inner product.
+
+    Ranks with the same exact FAISS search that evaluation's case retrieval uses.
+    """
+    _, top = search(build_index(pool_emb, "flat"), q_emb, max(ks))
     retrieved = [[pool.sketches[j] for j in row] for row in top]
     return {f"val/sketch_hit@{k}": sketch_hit_at_k(queries.sketches, retrieved, k) for k in ks}
 
