@@ -12,20 +12,18 @@ import argparse
 import logging
 import sys
 
-from cbr2.config import CONFIG_DIR, ConfigError, load_config
+from cbr2.config import Config, ConfigError, add_config_arguments, config_from_args
 from cbr2.evaluation.runner import run_evaluation
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. data.name=mini-metaqa")
+    add_config_arguments(parser)
     parser.add_argument("--retrieval-only", action="store_true", help="retrieve and score retrieval, no LLM")
-    parser.add_argument("--config", action="append", default=[], metavar="FILE",
-                        help="extra YAML merged over configs/evaluate.yaml (repeatable)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
-        cfg = load_config(args.overrides, files=[CONFIG_DIR / "evaluate.yaml", *args.config])
+        cfg = config_from_args(args, "evaluate.yaml", Config)
         metrics = run_evaluation(cfg, retrieval_only=args.retrieval_only)
     except (ConfigError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

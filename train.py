@@ -12,19 +12,17 @@ import argparse
 import logging
 import sys
 
-from cbr2.config import CONFIG_DIR, ConfigError, TrainConfig, load_config
+from cbr2.config import ConfigError, TrainConfig, add_config_arguments, config_from_args
 from cbr2.structural.train import MONITOR, train
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. trainer.max_epochs=5")
-    parser.add_argument("--config", action="append", default=[], metavar="FILE",
-                        help="extra YAML merged over configs/train.yaml (repeatable)")
+    add_config_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
-        cfg = load_config(args.overrides, files=[CONFIG_DIR / "train.yaml", *args.config], schema=TrainConfig)
+        cfg = config_from_args(args, "train.yaml", TrainConfig)
         result = train(cfg)
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -6,6 +6,7 @@ lists the valid keys, and a value of the wrong type fails naming the key.
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,6 +219,22 @@ def load_config(overrides: list[str] | None = None, files: list[str | Path] = ()
         except OmegaConfBaseException as err:
             raise ConfigError(f"override {item!r}: {_describe(err, cfg)}") from err
     return cfg
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments every entry point shares: ``key=value`` overrides and ``--config FILE``."""
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. data.name=mini-metaqa")
+    parser.add_argument("--config", action="append", default=[], metavar="FILE",
+                        help="extra YAML merged over the entry point's defaults (repeatable)")
+
+
+def config_from_args(args: argparse.Namespace, defaults: str, schema: type) -> DictConfig:
+    """The configuration of an entry point: ``configs/{defaults}``, ``--config`` files, overrides.
+
+    Raises:
+        ConfigError: As ``load_config``.
+    """
+    return load_config(args.overrides, files=[CONFIG_DIR / defaults, *args.config], schema=schema)
 
 
 def _describe(err: OmegaConfBaseException, cfg: DictConfig) -> str:
