@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args, "train.yaml", TrainConfig)
         result = train(cfg)
-    except (ConfigError, ValueError) as err:
+    except (ConfigError, ValueError, OSError) as err:  # OSError: a backbone that cannot be loaded
         print(f"error: {err}", file=sys.stderr)
         return 2
     if result["checkpoint"]:  # DDP: only global rank zero exports and reports

@@ -319,6 +319,10 @@ def test_an_official_dataset_without_a_retriever_stops_with_the_train_command(tm
     shutil.copytree(EMBEDDED_ROOT / "mini-kqapro", root)
     with pytest.raises(ValueError, match=f"python train.py data.name=kqapro data.root={root}"):
         _resolve(tmp_path / "ckpt", "data.name=kqapro", f"data.root={root}")
+    metaqa = tmp_path / "MetaQA"
+    shutil.copytree(EMBEDDED_ROOT / "mini-metaqa", metaqa)
+    with pytest.raises(ValueError, match=r"python train\.py data\.name=kqapro data\.root=DIR`"):
+        _resolve(tmp_path / "ckpt", "data.name=metaqa", f"data.root={metaqa}")
 
 
 def test_the_embedded_default_trains_one_on_first_use(tmp_path, monkeypatch):

@@ -166,7 +166,8 @@ def resolve_structural(cfg: DictConfig, bench: Benchmark) -> str:
             return str(found)
     train_on = candidates[-1]
     if not train_on.startswith("mini-"):
-        root = f" data.root={cfg.data.root}" if cfg.data.root else " data.root=DIR"
+        # For MetaQA the command trains on KQA Pro, whose folder is not MetaQA's data.root.
+        root = f" data.root={cfg.data.root}" if cfg.data.root and train_on == cfg.data.name else " data.root=DIR"
         raise ValueError(f"no structural retriever for {cfg.data.name} in {where}/; train one with "
                          f"`python train.py data.name={train_on}{root}` or set structural.checkpoint=PATH")
     from cbr2.structural.train import train

@@ -117,6 +117,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                         batch_size=s.batch_size, seed=cfg.seed)
     dm.setup("fit")  # fail on bad data before any model is loaded
     kwargs = _trainer_kwargs(cfg)
+    # Before any logger starts a W&B run: a backbone that cannot load fails here.
+    module = StructuralRetriever(s.backbone, max_seq_length=s.max_seq_length, lr=s.lr, warmup_ratio=s.warmup_ratio)
     out.mkdir(parents=True, exist_ok=True)
     checkpointing = ModelCheckpoint(dirpath=out / "checkpoints", filename="best-{epoch}-{step}", monitor=MONITOR,
                                     mode="max", save_last=True, save_top_k=1, auto_insert_metric_name=False)
@@ -131,7 +133,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         (out / "git.txt").write_text(f"{git_hash() or 'unknown'}\n", encoding="utf-8")
     log.info("run %s in %s", rid, out)
 
-    module = StructuralRetriever(s.backbone, max_seq_length=s.max_seq_length, lr=s.lr, warmup_ratio=s.warmup_ratio)
     last = out / "checkpoints" / "last.ckpt"
     resume = last if last.is_file() else None
     try:
