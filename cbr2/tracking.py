@@ -7,9 +7,12 @@ warning, so one config works on a laptop, a login node and a locked-down GPU nod
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 log = logging.getLogger(__name__)
@@ -45,3 +48,44 @@ def wandb_mode(requested: str, timeout_s: float = 3.0) -> str:
     log.warning("wandb.mode=online but %s is unreachable: logging offline (upload later with `wandb sync`)",
                 url.hostname)
     return "offline"
+
+
+def log_evaluation(cfg: Any, metrics: dict[str, Any], records: list[dict[str, Any]], out: Path, name: str) -> None:
+    """Send an evaluation to W&B: summary metrics, the per-category table, a predictions table, the config.
+
+    Args:
+        cfg: The ``wandb`` config section.
+        metrics: ``metrics.json`` (its ``provenance.config`` becomes the run config).
+        records: The ``predictions.jsonl`` records.
+        out: The run folder (W&B's local files go to ``out/wandb``).
+        name: The W&B run name.
+    """
+    mode = wandb_mode(cfg.mode)
+    if mode == "disabled":
+        return
+    import wandb
+
+    run = wandb.init(project=cfg.project, entity=cfg.entity, group=cfg.group, name=name, mode=mode, dir=str(out),
+                     job_type="evaluate", config={**metrics["provenance"]["config"],
+                                                  "provenance": {k: v for k, v in metrics["provenance"].items()
+                                                                 if k != "config"}})
+    try:
+        run.summary.update({k: metrics[k] for k in ("hits@1", "ser", "ser_before_repair", "n")})
+        run.summary.update({f"errors/{k}": v for k, v in metrics["errors"].items()})
+        run.summary.update({f"generation/{k}": v for k, v in metrics.get("generation", {}).items() if v is not None})
+        for cat, m in metrics["per_category"].items():
+            run.summary.update({f"per_category/{cat}/hits@1": m["hits@1"], f"per_category/{cat}/ser": m["ser"]})
+        per_cat = wandb.Table(columns=["category", "hits@1", "ser", "ser_before_repair", "n"],
+                              data=[[c, m["hits@1"], m["ser"], m["ser_before_repair"], m["n"]]
+                                    for c, m in metrics["per_category"].items()])
+        columns = ["id", "category", "question", "generated", "program", "answer", "gold_answer", "correct",
+                   "error_kind"]
+        preds = wandb.Table(columns=columns, data=[[_cell(r.get(c)) for c in columns] for r in records])
+        run.log({"per_category": per_cat, "predictions": preds})
+    finally:
+        run.finish()
+
+
+def _cell(value: Any) -> Any:
+    # W&B tables want scalars; answers may be lists (MetaQA) or None.
+    return value if isinstance(value, (str, int, float, bool)) or value is None else json.dumps(value, ensure_ascii=False)

@@ -24,9 +24,12 @@ def test_every_module_imports():
 
 
 def _run(*args, cwd):
-    return subprocess.run([sys.executable, str(ROOT / "evaluate.py"), *args], cwd=cwd,
+    return subprocess.run([sys.executable, str(ROOT / "evaluate.py"), *GOLD, *args], cwd=cwd,
                           capture_output=True, text=True, timeout=300, check=False)
 
+
+GOLD = ["llm.backend=gold", "eval.per_category=null", "wandb.mode=disabled"]
+"""The gold writer over whole splits, no W&B (overridable: later arguments win)."""
 
 BACKBONE = "structural.checkpoint=sentence-transformers/all-MiniLM-L6-v2"
 """The untrained backbone as structural retriever: a real encoder without minutes of training."""
@@ -70,3 +73,22 @@ def test_evaluate_cli_errors_exit_2_with_a_message(tmp_path, args, message):
         args = ["data.name=kqapro", f"data.root={root}"]
     proc = _run(*args, f"output_dir={tmp_path}", "eval.limit=5", cwd=tmp_path)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_show_prompt_prints_the_prompt_and_nothing_else(tmp_path):
+    proc = _run("--show-prompt", "2", "--ablation", "w/o_knowledge", BACKBONE, "llm.backend=hf", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("You translate questions") and out.endswith("Program:\n")
+    assert "\nOntology:" not in out and "\nFacts:" not in out and "\nr1: " in out  # cases, no knowledge
+    assert "INFO" not in out and "INFO" in proc.stderr  # logs go to stderr
+    full = _run("--show-prompt", "2", BACKBONE, "llm.backend=hf", cwd=tmp_path).stdout
+    assert "\nOntology:" in full and full.split("\n\nQuestion:")[-1] != out.split("\n\nQuestion:")[-1]
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_unknown_ablation_lists_the_valid_ones(tmp_path):
+    proc = _run("--ablation", "w/o_case", cwd=tmp_path)
+    assert proc.returncode == 2 and "unknown ablation 'w/o_case'; valid: full, chain, w/o_reasoning_case" in proc.stderr
+    proc = _run("--show-prompt", "999", BACKBONE, cwd=tmp_path)
+    assert proc.returncode == 2 and "the selection has 27 questions" in proc.stderr

@@ -16,9 +16,12 @@ FIELDS = {"id", "question", "category", "gold_answer", "answer", "correct", "gen
 NO_RETRIEVAL = ["retrieval.cases=none", "retrieval.k_ontology=0", "retrieval.k_facts=0"]
 """These tests check the path after generation; retrieval has its own tests (test_retrieval.py)."""
 
+GOLD = ["llm.backend=gold", "eval.per_category=null", "wandb.mode=disabled"]
+"""The gold writer over whole splits, no W&B."""
+
 
 def evaluate(tmp_path, *overrides):
-    cfg = load_config([f"output_dir={tmp_path / 'run'}", *NO_RETRIEVAL, *overrides])
+    cfg = load_config([f"output_dir={tmp_path / 'run'}", *GOLD, *NO_RETRIEVAL, *overrides])
     return run_evaluation(cfg), tmp_path / "run"
 
 
@@ -80,24 +83,40 @@ def test_config_errors_are_clear(tmp_path):
 
 
 class _Scripted:
-    """A generator that writes given texts; counts what it was asked to generate."""
+    """A generator that writes given texts from each question; counts what it was asked to generate."""
 
     calls: list[str] = []  # noqa: RUF012 - reset by the fixture, read by the tests
+    questions: dict = {}  # noqa: RUF012 - the evaluated benchmark's questions by id, set by the fixture
 
-    def __init__(self, fmt="dag"):
+    def __init__(self, cfg):
         pass
 
-    def generate(self, questions):
-        _Scripted.calls += [q.qid for q in questions]
-        return [_Scripted.script(q) for q in questions]
+    def identity(self):
+        return {"backend": "scripted"}
+
+    def render(self, prompt):
+        return prompt.text
+
+    def generate(self, prompts, on_result=None):
+        from cbr2.llm.base import Completion
+
+        out = []
+        for i, p in enumerate(prompts):
+            _Scripted.calls.append(p.qid)
+            out.append(Completion(_Scripted.script(_Scripted.questions[p.qid])))
+            if on_result:
+                on_result(i, out[-1])
+        return out
 
 
 @pytest.fixture()
 def scripted(monkeypatch):
     from cbr2 import llm
+    from cbr2.data.benchmarks import Benchmark
 
     monkeypatch.setitem(llm.BACKENDS, "scripted", "test_evaluate:_Scripted")
     _Scripted.calls = []
+    _Scripted.questions = {q.qid: q for q in Benchmark("mini-kqapro").questions("val")}
     return _Scripted
 
 
@@ -149,7 +168,8 @@ def test_an_interrupted_run_resumes_without_regenerating(tmp_path, scripted):
     scripted.calls = []
     resumed, _ = evaluate(tmp_path, "llm.backend=scripted", "eval.limit=40")
     assert len(scripted.calls) == 15
-    assert {k: v for k, v in resumed.items() if k != "provenance"} == {k: v for k, v in full.items() if k != "provenance"}
+    timing = ("provenance", "generation")  # wall-clock measurements differ between runs
+    assert {k: v for k, v in resumed.items() if k not in timing} == {k: v for k, v in full.items() if k not in timing}
     assert pred.read_text().count("\n") == 40 and pred.read_text().endswith("}\n")
     pred.write_text(pred.read_text()[:-1])  # killed between a record and its newline
     scripted.calls = []
@@ -157,3 +177,18 @@ def test_an_interrupted_run_resumes_without_regenerating(tmp_path, scripted):
     assert pred.read_text().count("\n") == 40
     with pytest.raises(ValueError, match="different configuration"):
         evaluate(tmp_path, "llm.backend=scripted", "eval.limit=40", "prompt.format=chain")
+
+
+def test_offline_wandb_gets_the_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    metrics, out = evaluate(tmp_path, "eval.limit=6", "wandb.mode=offline")
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and metrics["n"] == 6
+    assert list(runs[0].glob("*.wandb")), "no W&B run file written"
+    (preds,) = (runs[0] / "files" / "media" / "table").glob("predictions_*.table.json")
+    table = json.loads(preds.read_text())
+    assert len(table["data"]) == 6 and "generated" in table["columns"]
+    assert all(row[table["columns"].index("correct")] is True for row in table["data"])
+    (per_cat,) = (runs[0] / "files" / "media" / "table").glob("per_category_*.table.json")
+    assert json.loads(per_cat.read_text())["columns"][:2] == ["category", "hits@1"]

@@ -17,6 +17,12 @@ KQAPRO_CATEGORIES = (
 )
 """The 9 categories of the few-shot literature, in the paper's table order."""
 
+KQAPRO_ABBREVIATIONS = dict(zip(KQAPRO_CATEGORIES, ("CT", "QA", "QAQ", "QN", "QR", "QRQ", "SA", "SB", "VF"), strict=True))
+"""Column names of the paper's Tables 3 and 5."""
+
+METAQA_CATEGORIES = ("1-hop", "2-hop", "3-hop")
+"""MetaQA's categories: the hop count (the paper's Table 4 columns)."""
+
 
 class DatasetFormatError(ValueError):
     """A dataset file that does not follow the official layout; the message names file and place."""

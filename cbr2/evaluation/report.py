@@ -1,10 +1,12 @@
-"""``report.md``: the overall line and a per-category table in the layout of the paper's Table 3."""
+"""``report.md``: the overall line, a per-category table in the layout of the paper's Table 3,
+error counts, generation cost, retrieval metrics and provenance."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from cbr2.data.questions import KQAPRO_ABBREVIATIONS
 from cbr2.evaluation.metrics import ERROR_KINDS
 
 
@@ -28,11 +30,13 @@ def render_report(metrics: dict[str, Any], title: str) -> str:
             "",
             "## Per category",
             "",
-            "| category | Hits@1 (%) ↑ | SER (%) ↓ | n |",
-            "|---|---:|---:|---:|",
+            *per_category_table(metrics),
         ]
-        for cat, m in metrics["per_category"].items():
-            lines.append(f"| {cat} | {pct(m['hits@1'])} | {pct(m['ser'])} | {m['n']} |")
+        gen = metrics.get("generation") or {}
+        if gen.get("seconds_per_question") is not None:
+            tokens = "".join(f" · {gen[k]:.0f} {k.replace('_', ' ')} per question" for k in
+                             ("prompt_tokens", "completion_tokens") if gen.get(k) is not None)
+            lines += ["", f"Generation: {gen['seconds_per_question']:.2f} s per question{tokens}."]
         lines += ["", "## Errors", "", "| kind | count |", "|---|---:|"]
         lines += [f"| {k} | {metrics['errors'].get(k, 0)} |" for k in ERROR_KINDS]
     if metrics.get("retrieval"):
@@ -40,11 +44,26 @@ def render_report(metrics: dict[str, Any], title: str) -> str:
     prov = metrics.get("provenance", {})
     if prov:
         lines += ["", "## Provenance", "",
-                  f"- split: {prov.get('split')} ({prov.get('data_root')})",
+                  f"- split: {prov.get('split')} ({prov.get('data_root')}), n = {metrics.get('n')}",
+                  *_run_lines(prov),
                   f"- git: {prov.get('git')}",
                   f"- python {prov.get('python')}; " + ", ".join(f"{k} {v}" for k, v in prov.get("packages", {}).items()),
                   f"- command: `{prov.get('command')}`"]
     return "\n".join(lines) + "\n"
+
+
+def per_category_table(metrics: dict[str, Any]) -> list[str]:
+    """Categories as columns, in the layout of the paper's Table 3 (KQA Pro abbreviations), then Overall."""
+    cats = list(metrics["per_category"])
+    heads = [KQAPRO_ABBREVIATIONS.get(c, c) for c in cats]
+    rows = [("Hits@1 (%) ↑", "hits@1", pct), ("SER (%) ↓", "ser", pct), ("n", "n", str)]
+    lines = ["| | " + " | ".join(heads) + " | Overall |", "|---|" + "---:|" * (len(cats) + 1)]
+    for label, key, fmt in rows:
+        cells = [fmt(metrics["per_category"][c][key]) for c in cats] + [fmt(metrics[key])]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if any(c in KQAPRO_ABBREVIATIONS for c in cats):
+        lines += ["", "; ".join(f"{a}: {c}" for c, a in KQAPRO_ABBREVIATIONS.items()) + "."]
+    return lines
 
 
 def render_retrieval(block: dict[str, Any]) -> list[str]:
@@ -71,3 +90,14 @@ def render_retrieval(block: dict[str, Any]) -> list[str]:
 def write_report(path: Path, metrics: dict[str, Any], title: str) -> None:
     """Write ``report.md``."""
     path.write_text(render_report(metrics, title), encoding="utf-8")
+
+
+def _run_lines(prov: dict[str, Any]) -> list[str]:
+    """Provenance lines of a generation run: ablation, LLM, prompt version, seeds."""
+    llm = (prov.get("config") or {}).get("llm")
+    if not llm or "prompt_version" not in prov:
+        return []
+    model = f" {llm['model']}" if llm.get("model") else ""
+    return [f"- ablation: {prov.get('ablation') or 'none (the configuration as given)'}",
+            f"- llm: {llm['backend']}{model} (temperature {llm['temperature']}); prompt {prov['prompt_version']}",
+            f"- seeds: {prov.get('seed')}"]

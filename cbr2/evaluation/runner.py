@@ -1,4 +1,5 @@
-"""The evaluation loop: questions → generator → scored predictions → metrics and report.
+"""The evaluation loop: questions → retrieval → prompts → one generation each → scored
+predictions → metrics, report and W&B.
 
 ``predictions.jsonl`` is appended (and flushed) as answers come, so a crashed or interrupted
 run resumes where it stopped: questions already in the file are not generated again.
@@ -6,11 +7,15 @@ run resumes where it stopped: questions already in the file are not generated ag
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import platform
+import random
 import sys
 import time
+from collections import Counter
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -20,15 +25,20 @@ from tqdm import tqdm
 
 from cbr2.config import git_hash
 from cbr2.data.benchmarks import KQAPRO, Benchmark
-from cbr2.data.questions import KQAPRO_CATEGORIES, Question
+from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES, Question
 from cbr2.evaluation.metrics import compute_metrics, retrieval_metrics
 from cbr2.evaluation.report import write_report
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.sketch import schema_items, sketch
-from cbr2.llm import backend_class, get_backend
+from cbr2.kopl.text import FORMATS
+from cbr2.llm import backend_class, make_backend
+from cbr2.llm.base import Completion, Prompt
 from cbr2.pipeline import score_generation
+from cbr2.prompt import PROMPT_VERSION, PromptBuilder, program_text, prompt_hash
 from cbr2.retrieval.cases import VIEWS, Query
+from cbr2.retrieval.knowledge import Knowledge
 from cbr2.retrieval.retriever import CASE_MODES, Retrieved, Retriever, check_retrieval_config, resolve_structural
+from cbr2.tracking import log_evaluation
 
 log = logging.getLogger(__name__)
 
@@ -36,23 +46,43 @@ IDENTITY_KEYS = ("data", "llm", "prompt", "retrieval", "structural")
 """Config sections that decide what a prediction is; a resumed run must agree on them."""
 
 BATCH = 64
+"""Questions per retrieval batch."""
 
 
-def output_dir(cfg: DictConfig, bench: Benchmark, retrieval_only: bool = False) -> Path:
-    """The run's folder: ``output_dir`` or ``outputs/{data.name}/{split}/{llm.backend or "retrieval"}``."""
+def output_dir(cfg: DictConfig, bench: Benchmark, retrieval_only: bool = False, ablation: str | None = None) -> Path:
+    """The run's folder: ``output_dir``, else ``outputs/{data.name}/{split}/{leaf}``.
+
+    The leaf is ``retrieval`` for ``--retrieval-only``, else ``llm.backend``, with
+    ``-{ablation}`` appended (``w/o_act`` → ``hf-wo_act``) when an ablation is selected.
+    """
     if cfg.output_dir:
         return Path(cfg.output_dir)
     leaf = "retrieval" if retrieval_only else cfg.llm.backend
+    if ablation and not retrieval_only:
+        leaf += "-" + ablation.replace("w/o_", "wo_")
     return Path("outputs") / cfg.data.name / (cfg.data.split or bench.family.eval_split) / leaf
 
 
 def select_questions(bench: Benchmark, cfg: DictConfig) -> list[Question]:
-    """The questions of the configured split, cut to ``eval.limit``.
+    """The evaluated questions: the configured split, optionally category-balanced, cut to ``eval.limit``.
+
+    With ``eval.per_category=N`` the split is shuffled with ``random.Random(eval.sample_seed)``
+    and the first N questions of each category are kept, in shuffled order (the few-shot
+    literature's KQA Pro 9 x 100 recipe with N = 100 and seed 123).
 
     Raises:
         ValueError: If the split has no gold answers to score against.
     """
     questions = bench.questions(cfg.data.split)
+    if cfg.eval.per_category is not None:
+        shuffled = list(questions)
+        random.Random(cfg.eval.sample_seed).shuffle(shuffled)
+        taken: Counter[str] = Counter()
+        questions = []
+        for q in shuffled:
+            if taken[q.category] < cfg.eval.per_category:
+                taken[q.category] += 1
+                questions.append(q)
     if cfg.eval.limit is not None:
         questions = questions[: cfg.eval.limit]
     if any(q.answer is None for q in questions):
@@ -61,65 +91,158 @@ def select_questions(bench: Benchmark, cfg: DictConfig) -> list[Question]:
     return questions
 
 
-def run_evaluation(cfg: DictConfig, retrieval_only: bool = False) -> dict[str, Any]:
+def _prepare(cfg: DictConfig, bench: Benchmark, retrieval_only: bool) -> None:
+    """Checks that fail fast, and the structural retriever resolved into the config."""
+    if not retrieval_only:
+        backend_class(cfg.llm.backend)  # a misspelt backend fails before minutes of retrieval
+        if cfg.prompt.format not in FORMATS:
+            raise ValueError(f"unknown prompt.format {cfg.prompt.format!r}; expected one of {', '.join(FORMATS)}")
+    check_retrieval_config(cfg.retrieval)
+    if retrieval_only or "structural" in CASE_MODES[cfg.retrieval.cases]:
+        # Resolved once and saved in config.yaml, so the run records the exact retriever used.
+        cfg.structural.checkpoint = resolve_structural(cfg, bench)
+
+
+def build_prompts(cfg: DictConfig, questions: Sequence[Question], retrieved: dict[str, Retrieved]) -> list[Prompt]:
+    """One prompt per question, from its text and what retrieval returned for it.
+
+    The builder is given ``Query(id, text)`` for the target question, never the question
+    itself: its gold program and answer cannot reach the prompt.
+    """
+    builder = PromptBuilder(cfg.prompt.format, cfg.prompt.case_triples)
+    empty = Retrieved(Query("", ""), Knowledge(), [])
+    prompts = []
+    for q in questions:
+        item = retrieved.get(q.qid, empty)
+        prompts.append(builder.build(Query(q.qid, q.question), item.knowledge, item.cases, item.case_knowledge))
+    return prompts
+
+
+def show_prompt(cfg: DictConfig, index: int) -> str:
+    """Exactly what the model would read for question ``index`` (0-based) of the selected questions.
+
+    Retrieves for that one question and renders its prompt the way the configured backend
+    would (plain text, or the model's chat template), without loading an LLM.
+
+    Raises:
+        ValueError: If ``index`` is outside the selected questions.
+    """
+    bench = Benchmark(cfg.data.name, cfg.data.root)
+    questions = select_questions(bench, cfg)
+    if not 0 <= index < len(questions):
+        raise ValueError(f"--show-prompt {index}: the selection has {len(questions)} questions (0..{len(questions) - 1})")
+    _prepare(cfg, bench, retrieval_only=False)
+    question = questions[index]
+    retrieved = {}
+    if _retrieves(cfg.retrieval):
+        retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
+        retrieved = {question.qid: retriever.retrieve([Query(question.qid, question.question)])[0]}
+    (prompt,) = build_prompts(cfg, [question], retrieved)
+    return make_backend(cfg, [question]).render(prompt)
+
+
+def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str | None = None) -> dict[str, Any]:
     """Evaluate a configuration end to end and write its output folder.
 
     Args:
         cfg: The resolved configuration (``cbr2.config.Config``).
         retrieval_only: Retrieve and score retrieval only (every view), no generation.
+        ablation: The ``--ablation`` name the configuration came from (recorded; names the folder).
 
     Returns:
         The metrics (also written to ``metrics.json``).
     """
     bench = Benchmark(cfg.data.name, cfg.data.root)
     questions = select_questions(bench, cfg)
-    if not retrieval_only:
-        backend_class(cfg.llm.backend)  # a misspelt backend fails before minutes of retrieval
-    out = output_dir(cfg, bench, retrieval_only)
-    check_retrieval_config(cfg.retrieval)
-    if retrieval_only or "structural" in CASE_MODES[cfg.retrieval.cases]:
-        # Resolved once and saved in config.yaml, so the run records the exact retriever used.
-        cfg.structural.checkpoint = resolve_structural(cfg, bench)
+    out = output_dir(cfg, bench, retrieval_only, ablation)
+    _prepare(cfg, bench, retrieval_only)
     out.mkdir(parents=True, exist_ok=True)
     if not retrieval_only:
         _check_resumable(out, cfg)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
-    title = f"{bench.name} · {'retrieval' if retrieval_only else cfg.llm.backend}"
-    categories = KQAPRO_CATEGORIES if bench.family is KQAPRO else ("1-hop", "2-hop", "3-hop")
+    title = f"{bench.name} · {'retrieval' if retrieval_only else cfg.llm.backend}" + (f" · {ablation}" if ablation else "")
+    categories = KQAPRO_CATEGORIES if bench.family is KQAPRO else METAQA_CATEGORIES
+    prov = {**provenance(cfg, bench), "ablation": ablation, "output_dir": str(out),
+            "question_ids_sha256": hashlib.sha256("\n".join(q.qid for q in questions).encode()).hexdigest()}
 
-    retrieval, _retrieved = run_retrieval(cfg, bench, questions, out, extra_views=VIEWS if retrieval_only else ())
+    retrieval, retrieved = run_retrieval(cfg, bench, questions, out, extra_views=VIEWS if retrieval_only else ())
     if retrieval_only:
-        metrics = {"n": len(questions), "retrieval": retrieval,
-                   "provenance": {**provenance(cfg, bench), "output_dir": str(out)}}
+        metrics = {"n": len(questions), "retrieval": retrieval, "provenance": prov}
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
         write_report(out / "report.md", metrics, title=title)
         return metrics
 
-    pred_path = out / "predictions.jsonl"
-    done = load_predictions(pred_path)
-    todo = [q for q in questions if q.qid not in done]
-    log.info("%s: %d questions, %d already predicted in %s", bench.name, len(questions), len(questions) - len(todo), out)
-    if todo:
-        executor = Executor(bench.kb, cfg.eval.timeout_s)
-        backend = get_backend(cfg.llm.backend, fmt=cfg.prompt.format)
-        with pred_path.open("a", encoding="utf-8") as sink, tqdm(total=len(todo), desc="evaluate", unit="q") as bar:
-            for start in range(0, len(todo), BATCH):
-                batch = todo[start: start + BATCH]
-                for q, text in zip(batch, backend.generate(batch)):
-                    record = score_generation(text, q, bench, executor, cfg.prompt.format)
-                    sink.write(json.dumps(record, ensure_ascii=False) + "\n")
-                    sink.flush()
-                    done[q.qid] = record
-                    bar.update()
-
-    records = [done[q.qid] for q in questions]
+    records = generate_and_score(cfg, bench, questions, build_prompts(cfg, questions, retrieved), out)
     metrics = compute_metrics(records, categories)
+    metrics["generation"] = generation_stats(records)
     if retrieval is not None:
         metrics["retrieval"] = retrieval
-    metrics["provenance"] = {**provenance(cfg, bench), "output_dir": str(out)}
+    metrics["provenance"] = prov
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     write_report(out / "report.md", metrics, title=title)
+    log_evaluation(cfg.wandb, metrics, records, out, name=f"{bench.name}-{cfg.llm.backend}-{ablation or 'run'}")
     return metrics
+
+
+def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Question], prompts: Sequence[Prompt],
+                       out: Path) -> list[dict[str, Any]]:
+    """Generate what is not cached, score it, append it to ``predictions.jsonl`` as it comes.
+
+    ``predictions.jsonl`` doubles as the cache: a record is reused when its prompt hash and
+    generation key (backend, model, sampling parameters) equal this run's, so an interrupted
+    run resumes where it stopped and a changed prompt is generated again.
+
+    Returns:
+        The records of ``questions``, in order.
+    """
+    pred_path = out / "predictions.jsonl"
+    backend = make_backend(cfg, questions)
+    gen_key = hashlib.sha256(json.dumps(backend.identity(), sort_keys=True).encode()).hexdigest()[:16]
+    hashes = [prompt_hash(p) for p in prompts]
+    done = load_predictions(pred_path)
+    cached = {q.qid for q, h in zip(questions, hashes, strict=True)
+              if q.qid in done and done[q.qid].get("prompt_hash") == h and done[q.qid].get("generation_key") == gen_key}
+    todo = [i for i, q in enumerate(questions) if q.qid not in cached]
+    log.info("%s: %d questions, %d cached in %s, %d to generate with %s", bench.name, len(questions), len(cached),
+             pred_path, len(todo), cfg.llm.backend)
+    if todo:
+        executor = Executor(bench.kb, cfg.eval.timeout_s)
+        with pred_path.open("a", encoding="utf-8") as sink, \
+                tqdm(total=len(todo), desc="generate", unit="q", file=sys.stderr) as bar:
+            last = [time.perf_counter()]
+
+            def on_result(j: int, completion: Completion) -> None:
+                i = todo[j]
+                now = time.perf_counter()
+                record = score_generation(program_text(completion.text), questions[i], bench, executor,
+                                          cfg.prompt.format)
+                # Wall time since the previous answer: their sum is the run's generation time,
+                # also for backends that return a whole batch at once.
+                record.update(generated=completion.text, prompt_hash=hashes[i], generation_key=gen_key,
+                              prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
+                              latency_s=now - last[0])
+                last[0] = now
+                sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+                sink.flush()
+                done[questions[i].qid] = record
+                bar.update()
+
+            backend.generate([prompts[i] for i in todo], on_result=on_result)
+    return [done[q.qid] for q in questions]
+
+
+def generation_stats(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Seconds and tokens per question (over records that report them)."""
+    def mean(key: str) -> float | None:
+        values = [r[key] for r in records if r.get(key) is not None]
+        return sum(values) / len(values) if values else None
+
+    return {"seconds_per_question": mean("latency_s"), "prompt_tokens": mean("prompt_tokens"),
+            "completion_tokens": mean("completion_tokens")}
+
+
+def _retrieves(r: DictConfig, extra_views: Sequence[str] = ()) -> bool:
+    return bool(extra_views) or r.cases != "none" or r.k_ontology > 0 or r.k_facts > 0
 
 
 def run_retrieval(cfg: DictConfig, bench: Benchmark, questions: list[Question], out: Path,
@@ -134,7 +257,7 @@ def run_retrieval(cfg: DictConfig, bench: Benchmark, questions: list[Question], 
         nothing) and the retrieved items by question id.
     """
     r = cfg.retrieval
-    if not extra_views and r.cases == "none" and r.k_ontology <= 0 and r.k_facts <= 0:
+    if not _retrieves(r, extra_views):
         return None, {}
     retriever = Retriever(bench, r, cfg.structural.checkpoint, extra_views)
     start = time.perf_counter()
@@ -210,7 +333,8 @@ def _check_resumable(out: Path, cfg: DictConfig) -> None:
 def provenance(cfg: DictConfig, bench: Benchmark) -> dict[str, Any]:
     """What a result needs to be trusted and reproduced."""
     versions = {}
-    for pkg in ("cbr2", "kopl", "omegaconf"):
+    for pkg in ("cbr2", "kopl", "omegaconf", "torch", "transformers", "sentence-transformers", "faiss-cpu",
+                "faiss-gpu-cu12", "vllm", "openai"):
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -222,5 +346,7 @@ def provenance(cfg: DictConfig, bench: Benchmark) -> dict[str, Any]:
         "packages": versions,
         "data_root": str(bench.root),
         "split": cfg.data.split or bench.family.eval_split,
+        "prompt_version": PROMPT_VERSION,
+        "seed": {"retrieval": cfg.retrieval.seed, "llm": cfg.llm.seed, "sample": cfg.eval.sample_seed},
         "command": " ".join(sys.argv),
     }

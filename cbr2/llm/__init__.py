@@ -1,16 +1,26 @@
 """Program generators ("LLM backends"), registered by name and imported only when chosen.
 
-A backend turns questions into program texts. GPU-only packages (vLLM) are imported inside
-their backend's module, so choosing ``gold`` never loads them.
+A backend turns ``Prompt``s into ``Completion``s (``cbr2.llm.base``) with
+``generate(prompts, on_result=None)``, shows the exact model input with ``render(prompt)``
+and names what its outputs depend on with ``identity()`` (the predictions cache key). Heavy
+packages (torch, transformers, vLLM, openai) are imported inside the backends, so choosing
+``gold`` never loads them.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cbr2.data.questions import Question
 
 BACKENDS: dict[str, str] = {
+    "hf": "cbr2.llm.hf:HFBackend",
+    "vllm": "cbr2.llm.vllm:VLLMBackend",
+    "openai": "cbr2.llm.openai_compat:OpenAIBackend",
     "gold": "cbr2.llm.gold:GoldBackend",
 }
 """``llm.backend`` name → ``module:Class``."""
@@ -30,10 +40,17 @@ def backend_class(name: str) -> type:
     return getattr(importlib.import_module(module), cls)
 
 
-def get_backend(name: str, **kwargs: Any) -> Any:
-    """Instantiate the backend registered under ``name``.
+def make_backend(cfg: Any, questions: Sequence[Question] = ()) -> Any:
+    """The configured backend, built but not loaded (weights load on the first ``generate``).
+
+    Args:
+        cfg: The whole configuration (``cbr2.config.Config``); backends read ``cfg.llm``.
+        questions: The evaluated questions; only ``gold`` reads them (their gold programs).
 
     Raises:
-        ValueError: For an unknown name, with the closest registered names.
+        ValueError: For an unknown ``llm.backend``.
     """
-    return backend_class(name)(**kwargs)
+    cls = backend_class(cfg.llm.backend)
+    if cfg.llm.backend == "gold":
+        return cls(cfg.prompt.format, {q.qid: q.program for q in questions})
+    return cls(cfg.llm)

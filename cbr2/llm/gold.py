@@ -2,15 +2,17 @@
 
 It exercises everything after generation (parse, check, repair, execute, score) without an
 LLM; with a correct pipeline it scores Hits@1 = 1 and SER = 0 on any benchmark whose gold
-answers come from the reference engine.
+answers come from the reference engine. It reads gold programs by design: it is a check of
+the pipeline, never a method, and it is the only backend that is given them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from cbr2.data.questions import Question
+from cbr2.kopl.program import Program
 from cbr2.kopl.text import to_text
+from cbr2.llm.base import Completion, Prompt
 
 
 class GoldBackend:
@@ -18,21 +20,37 @@ class GoldBackend:
 
     Args:
         fmt: ``dag`` or ``chain``.
+        programs: The gold program of each question id.
+
+    Raises:
+        ValueError: If a question has no gold program (e.g. the KQA Pro test split).
     """
 
     name = "gold"
+    uses_chat = False
 
-    def __init__(self, fmt: str = "dag"):
-        self.fmt = fmt
-
-    def generate(self, questions: Sequence[Question]) -> list[str]:
-        """One program text per question.
-
-        Raises:
-            ValueError: If a question has no gold program (e.g. the KQA Pro test split).
-        """
-        missing = [q.qid for q in questions if q.program is None]
+    def __init__(self, fmt: str, programs: Mapping[str, Program | None]):
+        missing = [qid for qid, program in programs.items() if program is None]
         if missing:
             raise ValueError(f"llm.backend=gold needs gold programs, but {len(missing)} questions have none "
                              f"(first: {missing[0]}); evaluate a split with programs (e.g. data.split=val)")
-        return [to_text(q.program, self.fmt) for q in questions]
+        self.fmt = fmt
+        self.programs = dict(programs)
+
+    def render(self, prompt: Prompt) -> str:
+        """The prompt as text (the gold writer does not read it)."""
+        return prompt.text
+
+    def identity(self) -> dict:
+        """The predictions cache key beside the prompt."""
+        return {"backend": self.name, "format": self.fmt}
+
+    def generate(self, prompts: Sequence[Prompt],
+                 on_result: Callable[[int, Completion], None] | None = None) -> list[Completion]:
+        """One gold program text per prompt, looked up by the prompt's question id."""
+        out = []
+        for i, prompt in enumerate(prompts):
+            out.append(Completion(to_text(self.programs[prompt.qid], self.fmt)))
+            if on_result:
+                on_result(i, out[-1])
+        return out

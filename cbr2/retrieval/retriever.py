@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from omegaconf import DictConfig
 
 from cbr2.config import CONFIG_DIR, TrainConfig, load_config
 from cbr2.data.benchmarks import METAQA, Benchmark
 from cbr2.retrieval.cache import EmbeddingStore, cache_root
 from cbr2.retrieval.cases import VIEWS, Case, CaseRetriever, Query, Ranking
-from cbr2.retrieval.encoders import encode, load_encoder, pick_device
+from cbr2.retrieval.encoders import encode, load_encoder, pick_device, weights_fingerprint
 from cbr2.retrieval.index import INDEX_KINDS
 from cbr2.retrieval.knowledge import Knowledge, KnowledgeRetriever
 
@@ -45,12 +46,15 @@ class Retrieved:
         query: The question as retrieval saw it.
         knowledge: Its ontology and fact triples.
         cases: The merged cases of the configured views (the prompt's cases).
+        case_knowledge: The triples retrieved for each case's own question, aligned with
+            ``cases`` (the prompt shows each case with its knowledge).
         rankings: Per computed view, pool indices with scores, at least ``METRIC_DEPTH`` deep.
     """
 
     query: Query
     knowledge: Knowledge
     cases: list[Case]
+    case_knowledge: list[Knowledge] = field(default_factory=list)
     rankings: dict[str, Ranking] = field(default_factory=dict)
 
     def to_record(self) -> dict:
@@ -59,7 +63,9 @@ class Retrieved:
             "id": self.query.qid,
             "ontology": [t.text for t in self.knowledge.ontology],
             "facts": [t.text for t in self.knowledge.facts],
-            "cases": [{"id": c.question.qid, "views": list(c.views), "scores": list(c.scores)} for c in self.cases],
+            "cases": [{"id": c.question.qid, "views": list(c.views), "scores": list(c.scores),
+                       "ontology": [t.text for t in k.ontology], "facts": [t.text for t in k.facts]}
+                      for c, k in zip(self.cases, self.case_knowledge or [Knowledge()] * len(self.cases), strict=True)],
         }
 
 
@@ -99,7 +105,7 @@ class Retriever:
         self.views = tuple(v for v in VIEWS if v in self.case_views or v in extra_views)
         if "structural" in self.views and not structural:
             raise ValueError("the structural view needs a structural retriever (structural.checkpoint)")
-        store = store or EmbeddingStore(cache_root(cfg.cache_dir))
+        store = self.store = store or EmbeddingStore(cache_root(cfg.cache_dir))
         device = pick_device(cfg.device)
         self.pool = bench.questions(bench.family.train_split)
         self.encoders: dict[str, tuple[str, object]] = {}
@@ -114,6 +120,8 @@ class Retriever:
                                                 cfg.index, device, cfg.batch_size)
         case_encoders = {v: self.encoders[v] for v in ("semantic", "structural") if v in self.views}
         self.cases = CaseRetriever(self.pool, store, case_encoders, cfg.index, device, cfg.batch_size, cfg.seed)
+        self._case_knowledge: dict[int, Knowledge] = {}
+        self._pool_embeddings: np.ndarray | None = None
 
     def _k(self, view: str) -> int:
         if view == "random":  # the random_case ablation keeps the prompt's number of cases
@@ -134,8 +142,29 @@ class Retriever:
         for i, query in enumerate(queries):
             mine = {view: rankings[view][i] for view in self.views}
             cases = self.cases.merge({view: mine[view][: self._k(view)] for view in self.case_views})
-            out.append(Retrieved(query, knowledge[i], cases, mine))
+            out.append(Retrieved(query, knowledge[i], cases, rankings=mine))
+        self._add_case_knowledge(out)
         return out
+
+    def _add_case_knowledge(self, items: list[Retrieved]) -> None:
+        """Give every case the knowledge its own question retrieves (memoised per pool question)."""
+        if self.knowledge is None:
+            for item in items:
+                item.case_knowledge = [Knowledge()] * len(item.cases)
+            return
+        position = {q.qid: i for i, q in enumerate(self.pool)}
+        missing = sorted({position[c.question.qid] for item in items for c in item.cases} - self._case_knowledge.keys())
+        if missing:
+            if self._pool_embeddings is None:
+                name, model = self.encoders["semantic"]
+                # Already in the cache when the semantic view ran; computed (and cached) otherwise.
+                self._pool_embeddings, _ = self.store.get(
+                    "cases", [q.question for q in self.pool], name, weights_fingerprint(model),
+                    lambda t: encode(model, t, self.cfg.batch_size), self.cfg.index)
+            found = self.knowledge.retrieve(np.ascontiguousarray(self._pool_embeddings[missing]))
+            self._case_knowledge.update(zip(missing, found, strict=True))
+        for item in items:
+            item.case_knowledge = [self._case_knowledge[position[c.question.qid]] for c in item.cases]
 
 
 def resolve_structural(cfg: DictConfig, bench: Benchmark) -> str:

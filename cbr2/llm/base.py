@@ -1,0 +1,77 @@
+"""What every LLM backend receives and returns.
+
+A backend gets ``Prompt`` objects (built by ``cbr2.prompt``) and returns one ``Completion``
+per prompt, in order. How a prompt becomes model input is the backend's business:
+``Prompt.text`` for a base model (plain completion), ``Prompt.messages`` with the model's
+chat template for an instruction model (``llm.chat``). ``render`` shows exactly that input
+without loading weights, for ``evaluate.py --show-prompt``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One question's prompt, in two parts so backends can cache and template them.
+
+    Attributes:
+        qid: Question id (backends ignore it; the gold writer looks the program up by it).
+        system: Role instructions and the KoPL function definitions: identical for every
+            question of a run, so it is a shareable prefix (vLLM prefix caching, the ``hf``
+            backend's KV cache).
+        user: The cases with their knowledge, the target question with its knowledge, and
+            the closing ``Program:`` slot.
+    """
+
+    qid: str
+    system: str
+    user: str
+
+    @property
+    def text(self) -> str:
+        """The plain-text prompt of a base model: system part, blank line, user part."""
+        return f"{self.system}\n\n{self.user}"
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        """The chat form: one system and one user message."""
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user}]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a backend generated for one prompt.
+
+    Attributes:
+        text: The generated text, cut at the first stop string (the stop string excluded).
+        prompt_tokens: Tokens the model read, when the backend knows.
+        completion_tokens: Tokens it generated, when the backend knows.
+    """
+
+    text: str
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+def stop_strings(cfg: Any) -> list[str]:
+    """``cfg.stop`` as a plain list of non-empty strings (a ListConfig is not JSON/pickle friendly)."""
+    return [str(s) for s in (getattr(cfg, "stop", None) or []) if str(s)]
+
+
+def cut_at_stop(text: str, stop: Iterable[str]) -> str:
+    """``text`` up to the earliest occurrence of any stop string (the stop string excluded).
+
+    Engines stop on these strings themselves; cutting again makes every backend's text end
+    the same way whatever the engine includes.
+    """
+    end = len(text)
+    for s in stop:
+        if s:
+            i = text.find(s, 0, end)
+            if i != -1:
+                end = i
+    return text[:end]

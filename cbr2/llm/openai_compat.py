@@ -1,0 +1,319 @@
+"""The ``openai`` backend: any OpenAI-compatible server (``vllm serve``, hosted Qwen APIs, OpenAI).
+
+Requests run in a thread pool of ``llm.concurrency``, each with the ``llm.timeout_s`` timeout.
+Retries are done here, not by the client (its ``max_retries`` is 0), so they are visible and
+testable: rate limits (429), request timeouts (408), server errors (5xx), timeouts and
+connection errors are retried up to ``llm.max_retries`` times with exponential backoff and
+jitter, honouring the server's ``Retry-After``; any other 4xx fails at once with the status and
+the server's error text, since repeating a bad request cannot help.
+
+The API key comes from the environment variable named by ``llm.api_key_env``, never from the
+config (configs are logged and committed). A local server (``vllm serve`` without
+``--api-key``) needs none, so a placeholder is sent there.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, as_completed
+from typing import Any
+from urllib.parse import urlparse
+
+from cbr2.llm.base import Completion, Prompt, cut_at_stop, stop_strings
+
+BASE_DELAY_S = 1.0
+"""First backoff delay; doubles with every retry (tests make it small)."""
+
+MAX_DELAY_S = 60.0
+"""Cap of a backoff delay and of a server's ``Retry-After``."""
+
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
+"""Hosts whose server gets the placeholder key when the key variable is unset."""
+
+PLACEHOLDER_KEY = "EMPTY"
+"""The key sent to a local server that checks none (the client refuses to send no key)."""
+
+OFFICIAL_HOST = "api.openai.com"
+"""OpenAI's own API: it rejects vLLM's ``chat_template_kwargs``, so that is not sent there."""
+
+
+class LLMRequestError(RuntimeError):
+    """A request that failed for good: a non-retryable 4xx, or still failing after all retries."""
+
+
+def _opt(cfg: Any, key: str, default: Any = None) -> Any:
+    """``cfg.key`` for a DictConfig or the dataclass, ``default`` when the key is absent."""
+    return getattr(cfg, key, default)
+
+
+def _host(base_url: str | None) -> str:
+    """The host name of ``base_url`` (OpenAI's when unset, which is what the client then uses)."""
+    if not base_url:
+        return OFFICIAL_HOST
+    return (urlparse(base_url).hostname or "").lower()
+
+
+def backoff_delay(attempt: int, retry_after: float | None = None) -> float:
+    """Seconds to wait before retry number ``attempt + 1``.
+
+    Args:
+        attempt: Retries done so far (0 before the first retry).
+        retry_after: The server's ``Retry-After`` in seconds, if it sent one.
+
+    Returns:
+        The server's wish (capped at ``MAX_DELAY_S``) when given; else ``BASE_DELAY_S * 2**attempt``
+        (capped) scaled by a random factor in [0.5, 1) so parallel requests do not retry in step.
+    """
+    if retry_after is not None:
+        return min(max(retry_after, 0.0), MAX_DELAY_S)
+    return min(BASE_DELAY_S * 2**attempt, MAX_DELAY_S) * (0.5 + random.random() / 2)
+
+
+def retry_after_s(headers: Any) -> float | None:
+    """The delay a response asks for: ``retry-after-ms``, or ``Retry-After`` in seconds or as an HTTP date."""
+    if headers is None:
+        return None
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return float(ms) / 1000
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(when.timestamp() - time.time(), 0.0)
+
+
+def _server_text(err: Any) -> str:
+    """The server's own error text from an ``APIStatusError`` (its JSON ``message``, else the body)."""
+    body = getattr(err, "body", None)
+    if isinstance(body, dict):
+        message = body.get("message")
+        if message is None and isinstance(body.get("error"), dict):
+            message = body["error"].get("message")
+        if message is None and isinstance(body.get("error"), str):
+            message = body["error"]
+        if message is not None:
+            return str(message)
+    if body is not None:
+        return str(body)
+    response = getattr(err, "response", None)
+    text = getattr(response, "text", None) if response is not None else None
+    return text or str(err)
+
+
+def _retryable_status(status: int) -> bool:
+    """Rate limits, request timeouts and server errors may pass on a later try."""
+    return status in (408, 429) or status >= 500
+
+
+class OpenAIBackend:
+    """Generates through an OpenAI-compatible HTTP API with bounded concurrency and retries.
+
+    Args:
+        cfg: The ``llm`` config section (DictConfig or ``LLMConfig``).
+
+    Raises:
+        ValueError: If ``llm.model`` is unset (a server may serve several models).
+    """
+
+    name = "openai"
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        model = _opt(cfg, "model")
+        if not model:
+            raise ValueError("llm.backend=openai needs llm.model: the model name the server serves "
+                             "(e.g. llm.model=Qwen/Qwen3-8B for `vllm serve Qwen/Qwen3-8B`)")
+        self.model = str(model)
+        self.base_url: str | None = _opt(cfg, "base_url") or None
+        self.stop = stop_strings(cfg)
+        self._client: Any = None
+
+    @property
+    def uses_chat(self) -> bool:
+        """``llm.chat`` when set, else True (served models are instruction models)."""
+        chat = _opt(self.cfg, "chat")
+        return True if chat is None else bool(chat)
+
+    def identity(self) -> dict[str, Any]:
+        """What, beside the prompt, decides the output: the predictions-cache key.
+
+        The server URL is left out on purpose: the same model behind another address or port
+        gives the same predictions.
+        """
+        temperature = float(_opt(self.cfg, "temperature", 0.0))
+        ident: dict[str, Any] = {
+            "backend": self.name,
+            "model": self.model,
+            "chat": self.uses_chat,
+            "max_new_tokens": int(_opt(self.cfg, "max_new_tokens", 160)),
+            "temperature": temperature,
+            "top_p": float(_opt(self.cfg, "top_p", 1.0)),
+            "stop": self.stop,
+        }
+        if temperature > 0:
+            ident["seed"] = int(_opt(self.cfg, "seed", 0))
+        return ident
+
+    def render(self, prompt: Prompt) -> str:
+        """What is sent for ``prompt``: the plain text, or the chat messages (the server applies its template)."""
+        if not self.uses_chat:
+            return prompt.text
+        return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in prompt.messages)
+
+    def api_key(self) -> str:
+        """The key from the environment variable ``llm.api_key_env``; a placeholder for a local server.
+
+        Raises:
+            ValueError: If the variable is unset and the server is not local.
+        """
+        env = str(_opt(self.cfg, "api_key_env", "OPENAI_API_KEY"))
+        key = os.environ.get(env)
+        if key:
+            return key
+        if _host(self.base_url) in LOCAL_HOSTS:
+            return PLACEHOLDER_KEY
+        raise ValueError(f"llm.backend=openai: the API key for {self.base_url or 'the OpenAI API'} is read from the "
+                         f"environment variable {env} (llm.api_key_env), which is unset; export {env}=... "
+                         "(keys never go in configs)")
+
+    def client(self) -> Any:
+        """The ``openai.OpenAI`` client, made once (without its own retries: ``_call`` retries)."""
+        if self._client is None:
+            key = self.api_key()
+            from openai import OpenAI
+
+            self._client = OpenAI(api_key=key, base_url=self.base_url, timeout=float(_opt(self.cfg, "timeout_s", 120.0)),
+                                  max_retries=0)
+        return self._client
+
+    def request_kwargs(self, prompt: Prompt) -> dict[str, Any]:
+        """The arguments of ``chat.completions.create`` (chat mode) or ``completions.create`` for ``prompt``."""
+        temperature = float(_opt(self.cfg, "temperature", 0.0))
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "temperature": temperature,
+            "top_p": float(_opt(self.cfg, "top_p", 1.0)) if temperature > 0 else 1.0,
+            "max_tokens": int(_opt(self.cfg, "max_new_tokens", 160)),
+            "seed": int(_opt(self.cfg, "seed", 0)),
+        }
+        if self.stop:
+            kwargs["stop"] = self.stop
+        if not self.uses_chat:
+            kwargs["prompt"] = prompt.text
+            return kwargs
+        kwargs["messages"] = prompt.messages
+        if _host(self.base_url) != OFFICIAL_HOST:
+            # vLLM / SGLang pass these to the chat template: Qwen3 answers without a think block.
+            kwargs["extra_body"] = {"chat_template_kwargs": {"enable_thinking": False}}
+        return kwargs
+
+    def _request(self, prompt: Prompt) -> Completion:
+        """One request, without retries."""
+        client = self.client()
+        kwargs = self.request_kwargs(prompt)
+        if self.uses_chat:
+            response = client.chat.completions.create(**kwargs)
+            text = response.choices[0].message.content or ""
+        else:
+            response = client.completions.create(**kwargs)
+            text = response.choices[0].text or ""
+        usage = getattr(response, "usage", None)
+        return Completion(
+            text=cut_at_stop(text, self.stop),
+            prompt_tokens=getattr(usage, "prompt_tokens", None),
+            completion_tokens=getattr(usage, "completion_tokens", None),
+        )
+
+    def _call(self, prompt: Prompt) -> Completion:
+        """One prompt's completion, retrying what may pass later.
+
+        Raises:
+            LLMRequestError: On a non-retryable status, or when the last retry fails too.
+        """
+        import openai
+
+        retries = int(_opt(self.cfg, "max_retries", 6))
+        attempt = 0
+        while True:
+            retry_after = None
+            try:
+                return self._request(prompt)
+            except openai.APIStatusError as e:
+                if not _retryable_status(e.status_code):
+                    raise LLMRequestError(f"{prompt.qid}: HTTP {e.status_code} from {self.base_url or OFFICIAL_HOST}: "
+                                          f"{_server_text(e)}") from e
+                error: Exception = e
+                reason = f"HTTP {e.status_code}: {_server_text(e)}"
+                retry_after = retry_after_s(getattr(e.response, "headers", None))
+            except openai.APITimeoutError as e:
+                error, reason = e, f"timed out after {_opt(self.cfg, 'timeout_s', 120.0)} s"
+            except openai.APIConnectionError as e:
+                error, reason = e, f"connection error: {e}"
+            if attempt >= retries:
+                raise LLMRequestError(f"{prompt.qid}: request to {self.base_url or OFFICIAL_HOST} still failing after "
+                                      f"{retries} retries ({reason})") from error
+            time.sleep(backoff_delay(attempt, retry_after))
+            attempt += 1
+
+    def generate(self, prompts: Sequence[Prompt],
+                 on_result: Callable[[int, Completion], None] | None = None) -> list[Completion]:
+        """One completion per prompt, in input order, ``llm.concurrency`` requests at a time.
+
+        Args:
+            prompts: The prompts of the run.
+            on_result: Called as ``on_result(index, completion)`` in the calling thread as each
+                result arrives (in completion order), so finished work can be saved at once.
+
+        Returns:
+            The completions, each cut at the first stop string.
+
+        Raises:
+            LLMRequestError: When a request fails for good. Requests not yet started are
+                cancelled; those in flight are awaited and still reported to ``on_result``.
+            ValueError: If the API key variable is unset for a non-local server.
+        """
+        if not prompts:
+            return []
+        self.client()  # fail on a missing key before starting threads
+        results: list[Completion | None] = [None] * len(prompts)
+        first_error: Exception | None = None
+        pool = ThreadPoolExecutor(max_workers=max(1, int(_opt(self.cfg, "concurrency", 8))),
+                                  thread_name_prefix="cbr2-openai")
+        try:
+            futures: dict[Future, int] = {pool.submit(self._call, p): i for i, p in enumerate(prompts)}
+            for future in as_completed(futures):
+                try:
+                    completion = future.result()
+                except CancelledError:
+                    continue
+                except Exception as e:  # noqa: BLE001 - re-raised below, once the requests in flight are kept
+                    if first_error is None:
+                        first_error = e
+                        for f in futures:
+                            f.cancel()
+                    continue
+                index = futures[future]
+                results[index] = completion
+                if on_result is not None:
+                    on_result(index, completion)
+        finally:
+            # Also reached when on_result raises: requests not yet started are dropped.
+            pool.shutdown(wait=True, cancel_futures=True)
+        if first_error is not None:
+            raise first_error
+        return [r for r in results if r is not None]

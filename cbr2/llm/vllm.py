@@ -1,0 +1,216 @@
+"""The ``vllm`` backend: vLLM's offline engine on one or more GPUs.
+
+All prompts of a ``generate`` call go to the engine in one ``LLM.generate`` call, so vLLM
+schedules them with continuous batching; prefix caching is on because every prompt of a run
+starts with the same system part (role instructions and KoPL function definitions).
+
+``vllm`` (and ``torch``/``transformers``) are imported only when needed: ``identity`` needs
+nothing, ``render`` needs only the model's tokenizer (chat mode), and the engine, which loads
+the weights, is built on the first ``generate``. The helpers ``engine_kwargs``,
+``sampling_kwargs`` and ``parse_outputs`` are pure so the boundary with vLLM is testable
+without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from cbr2.llm.base import Completion, Prompt, cut_at_stop, stop_strings
+
+DEFAULT_MODEL = "Qwen/Qwen3-8B"
+"""The model used when ``llm.model`` is unset."""
+
+INSTALL_HINT = "install it with `pip install -e .[vllm]` on a GPU node (vLLM needs CUDA)"
+"""What to do when ``import vllm`` fails."""
+
+
+def _opt(cfg: Any, key: str, default: Any = None) -> Any:
+    """``cfg.key`` for a DictConfig or the dataclass, ``default`` when the key is absent."""
+    return getattr(cfg, key, default)
+
+
+def model_name(cfg: Any) -> str:
+    """The configured model, or ``DEFAULT_MODEL`` when ``llm.model`` is unset."""
+    return _opt(cfg, "model") or DEFAULT_MODEL
+
+
+def engine_kwargs(cfg: Any) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM(...)`` for the llm config section.
+
+    Args:
+        cfg: The ``llm`` config section (DictConfig or ``LLMConfig``).
+
+    Returns:
+        ``model``, ``tensor_parallel_size``, ``gpu_memory_utilization``, ``seed``, ``dtype``,
+        ``enable_prefix_caching`` and, when set, ``max_model_len``.
+    """
+    kwargs: dict[str, Any] = {
+        "model": model_name(cfg),
+        "tensor_parallel_size": int(_opt(cfg, "tensor_parallel_size", 1)),
+        "gpu_memory_utilization": float(_opt(cfg, "gpu_memory_utilization", 0.9)),
+        "seed": int(_opt(cfg, "seed", 0)),
+        "dtype": str(_opt(cfg, "dtype", "auto")),
+        # Every prompt of a run shares the long system part: its KV blocks are computed once.
+        "enable_prefix_caching": True,
+    }
+    max_model_len = _opt(cfg, "max_model_len")
+    if max_model_len is not None:
+        kwargs["max_model_len"] = int(max_model_len)
+    return kwargs
+
+
+def sampling_kwargs(cfg: Any) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.SamplingParams(...)`` for the llm config section.
+
+    Temperature 0 is greedy decoding: ``top_p`` is then 1 and no per-request seed is set (it
+    would change nothing and costs vLLM a generator per request).
+
+    Args:
+        cfg: The ``llm`` config section (DictConfig or ``LLMConfig``).
+
+    Returns:
+        ``temperature``, ``top_p``, ``max_tokens``, ``stop`` and ``seed``.
+    """
+    temperature = float(_opt(cfg, "temperature", 0.0))
+    greedy = temperature <= 0.0
+    return {
+        "temperature": 0.0 if greedy else temperature,
+        "top_p": 1.0 if greedy else float(_opt(cfg, "top_p", 1.0)),
+        "max_tokens": int(_opt(cfg, "max_new_tokens", 160)),
+        "stop": stop_strings(cfg),
+        "seed": None if greedy else int(_opt(cfg, "seed", 0)),
+    }
+
+
+def parse_outputs(outputs: Sequence[Any], stop: Iterable[str] = ()) -> list[Completion]:
+    """``Completion``s from vLLM ``RequestOutput``s, in the same order.
+
+    Args:
+        outputs: What ``LLM.generate`` returned: each has ``prompt_token_ids`` and
+            ``outputs[0]`` with ``text`` and ``token_ids``.
+        stop: Stop strings to cut at once more; vLLM already stops there, but a cut here keeps
+            the contract if an engine version includes the stop string.
+
+    Returns:
+        One ``Completion`` per output.
+    """
+    stop = list(stop)
+    completions = []
+    for out in outputs:
+        first = out.outputs[0]
+        prompt_ids = getattr(out, "prompt_token_ids", None)
+        token_ids = getattr(first, "token_ids", None)
+        completions.append(Completion(
+            text=cut_at_stop(first.text, stop),
+            prompt_tokens=len(prompt_ids) if prompt_ids is not None else None,
+            completion_tokens=len(token_ids) if token_ids is not None else None,
+        ))
+    return completions
+
+
+def load_tokenizer(model: str) -> Any:
+    """The model's Hugging Face tokenizer (a few MB, no weights) for its chat template."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
+def _import_vllm() -> Any:
+    """``import vllm``, or an ImportError that says how to install it."""
+    try:
+        import vllm
+    except (ImportError, OSError) as e:  # OSError: vLLM present but its CUDA libraries are not
+        raise ImportError(f"llm.backend=vllm needs the vllm package ({e}); {INSTALL_HINT}, "
+                          "or use llm.backend=hf (CPU) or llm.backend=openai (a served model)") from e
+    return vllm
+
+
+class VLLMBackend:
+    """Generates with vLLM's offline engine, all prompts of a call in one batch.
+
+    Args:
+        cfg: The ``llm`` config section (DictConfig or ``LLMConfig``).
+    """
+
+    name = "vllm"
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.model = model_name(cfg)
+        self.stop = stop_strings(cfg)
+        self._tokenizer: Any = None
+        self._llm: Any = None
+
+    @property
+    def uses_chat(self) -> bool:
+        """``llm.chat`` when set, else True (the default model is an instruction model)."""
+        chat = _opt(self.cfg, "chat")
+        return True if chat is None else bool(chat)
+
+    def identity(self) -> dict[str, Any]:
+        """What, beside the prompt, decides the output: the predictions-cache key."""
+        temperature = float(_opt(self.cfg, "temperature", 0.0))
+        ident: dict[str, Any] = {
+            "backend": self.name,
+            "model": self.model,
+            "chat": self.uses_chat,
+            "max_new_tokens": int(_opt(self.cfg, "max_new_tokens", 160)),
+            "temperature": temperature,
+            "top_p": float(_opt(self.cfg, "top_p", 1.0)),
+            "stop": self.stop,
+        }
+        if temperature > 0:
+            ident["seed"] = int(_opt(self.cfg, "seed", 0))
+        return ident
+
+    def tokenizer(self) -> Any:
+        """The model's tokenizer, loaded once."""
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.model)
+        return self._tokenizer
+
+    def render(self, prompt: Prompt) -> str:
+        """Exactly the text the engine gets for ``prompt`` (loads the tokenizer in chat mode, never weights)."""
+        if not self.uses_chat:
+            return prompt.text
+        # enable_thinking=False: Qwen3's template then emits an empty think block, so the model
+        # answers directly; templates without the variable ignore it.
+        return self.tokenizer().apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True,
+                                                    enable_thinking=False)
+
+    def engine(self) -> Any:
+        """The ``vllm.LLM``, built (weights loaded) on first use."""
+        if self._llm is None:
+            vllm = _import_vllm()
+            self._llm = vllm.LLM(**engine_kwargs(self.cfg))
+        return self._llm
+
+    def generate(self, prompts: Sequence[Prompt],
+                 on_result: Callable[[int, Completion], None] | None = None) -> list[Completion]:
+        """One completion per prompt, in input order, from one ``LLM.generate`` call.
+
+        Args:
+            prompts: The prompts of the run.
+            on_result: Called as ``on_result(index, completion)`` for every prompt once the
+                batch is done (vLLM returns the whole batch at once).
+
+        Returns:
+            The completions, each cut at the first stop string.
+
+        Raises:
+            ImportError: If vLLM is not installed (or its CUDA libraries are missing).
+        """
+        if not prompts:
+            return []
+        texts = [self.render(p) for p in prompts]
+        llm = self.engine()
+        params = _import_vllm().SamplingParams(**sampling_kwargs(self.cfg))
+        outputs = llm.generate(texts, params)
+        if len(outputs) != len(texts):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(texts)} prompts")
+        completions = parse_outputs(outputs, self.stop)
+        if on_result is not None:
+            for i, completion in enumerate(completions):
+                on_result(i, completion)
+        return completions

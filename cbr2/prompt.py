@@ -1,0 +1,179 @@
+"""The CBR² prompt (the paper's Section 4.3): the one place its wording and layout live.
+
+A prompt has four parts, in this order:
+
+1. role instructions: KoPL syntax (of the configured program format), typing rules and
+   execution semantics;
+2. the definitions of all KoPL functions, generated from the function table
+   (``cbr2.kopl.functions``), so a new function shows up here without an edit;
+3. the retrieved cases, each with its own retrieved ontology and fact triples and its
+   program in the configured text form;
+4. the target question with its retrieved knowledge and the ``Program:`` slot.
+
+Parts 1-2 are identical for every question of a run (``Prompt.system``), which lets the
+backends reuse their computation across prompts; parts 3-4 are ``Prompt.user``.
+
+The builder's input for the target question is a ``Query`` (id and text) and what retrieval
+returned for it: it cannot see the target's gold program or answer. Cases are training
+questions, shown with their gold programs (that is what a case is for).
+
+Any change to the wording or layout must bump ``PROMPT_VERSION``: the version is recorded
+with every result, and the predictions cache is keyed by the prompt's hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+
+from cbr2.kb.triples import Triple
+from cbr2.kopl.functions import CLOSED_KINDS, FUNCTIONS, FunctionSpec
+from cbr2.kopl.text import FORMATS, to_text
+from cbr2.llm.base import Prompt
+from cbr2.retrieval.cases import Case, Query
+from cbr2.retrieval.knowledge import Knowledge
+
+PROMPT_VERSION = "cbr2-prompt-1"
+"""Bump on any change to what a prompt says or how it is laid out."""
+
+PROGRAM_SLOT = "Program:"
+
+_ROLE = (
+    "You translate questions about a knowledge base (KB) into KoPL programs. KoPL programs are built from "
+    "the functions defined below and are executed on the KB to produce the answer. Write exactly one program "
+    "for the last question, in the same form as the examples, and stop after its last line."
+)
+
+_SYNTAX = {
+    "dag": (
+        "Program form (a DAG of steps, one branch per line):\n"
+        "- Lines are labelled r1, r2, ... in order. A line starts with Find[...] or FindAll[], with a reference "
+        "rK to an earlier line, or with a pair (rI, rJ) for a function that takes two inputs; its steps follow, "
+        "joined by \" → \". Each step takes the result of the step before it.\n"
+        "- Start a new line for an independent branch; join branches with a pair: (r1, r2) → And[].\n"
+        "- Arguments go in square brackets, separated by \" | \". A function without arguments has empty "
+        "brackets.\n"
+        "- The last step of the last line gives the answer."
+    ),
+    "chain": (
+        "Program form (a flat chain, one step per line, in execution order):\n"
+        "- Each step takes the result of the step before it. A function with two inputs takes the results of "
+        "the two most recent unfinished branches: write the first branch, then the second (starting again with "
+        "Find[...] or FindAll[]), then the joining function.\n"
+        "- Arguments go in square brackets, separated by \" | \". A function without arguments has empty "
+        "brackets.\n"
+        "- The last step gives the answer."
+    ),
+}
+
+_TYPES = (
+    "Types and execution:\n"
+    "- entities: a set of KB entities. facts: entities together with the facts that selected them; a facts "
+    "value can be used wherever entities are expected, and qualifier filters (QFilter*) need facts.\n"
+    "- values: attribute values (from QueryAttr*); Verify* compares them and answers yes, no or not sure.\n"
+    "- Final answers: names, name, count, bool, relations, qualifiers or values.\n"
+    "- Arguments must be written exactly as the KB writes them: entity names, concepts, attribute keys, "
+    "relations and qualifier keys as they appear in the knowledge triples. Quantities are a number and an "
+    "optional unit (\"3715 metre\"), years are four digits, dates are yyyy-mm-dd.\n"
+    "- Relate[relation | forward] goes from subject to object; backward goes from object to subject."
+)
+
+_KINDS = {
+    "entity": "entity name", "concept": "concept", "key": "attribute key", "qkey": "qualifier key",
+    "relation": "relation", "string": "text", "quantity": "quantity", "year": "year", "date": "date",
+    "any": "value",
+}
+
+
+def function_definition(spec: FunctionSpec) -> str:
+    """One function's line: call form, argument kinds, input and output types, meaning."""
+    args = " | ".join(a.name for a in spec.args)
+    inputs = ", ".join(spec.inputs) if spec.inputs else "nothing"
+    kinds = []
+    for a in spec.args:
+        closed = CLOSED_KINDS.get(a.kind)
+        kinds.append(f"{a.name}: one of {', '.join(closed)}" if closed else f"{a.name}: {_KINDS[a.kind]}")
+    where = f" ({'; '.join(kinds)})" if kinds else ""
+    return f"- {spec.name}[{args}]: {inputs} → {spec.output}. {spec.doc[0].upper()}{spec.doc[1:]}{where}."
+
+
+def system_text(fmt: str) -> str:
+    """Parts 1-2: role, syntax of the program form, typing rules, and every function's definition."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown prompt.format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    functions = "\n".join(function_definition(spec) for spec in FUNCTIONS.values())
+    return f"{_ROLE}\n\n{_SYNTAX[fmt]}\n\n{_TYPES}\n\nFunctions (inputs → output):\n{functions}"
+
+
+def knowledge_text(knowledge: Knowledge, limit: int | None = None) -> str:
+    """Ontology and fact triples as two bulleted sections; an empty kind is left out.
+
+    Args:
+        knowledge: Retrieved triples, best first.
+        limit: Show at most this many triples of each kind (None: all).
+    """
+    lines = []
+    for title, triples in (("Ontology", knowledge.ontology), ("Facts", knowledge.facts)):
+        shown: Sequence[Triple] = triples if limit is None else triples[:limit]
+        if shown:
+            lines.append(f"{title}:")
+            lines += [f"- {t.text}" for t in shown]
+    return "\n".join(lines)
+
+
+def _block(question: str, knowledge: Knowledge, limit: int | None) -> str:
+    known = knowledge_text(knowledge, limit)
+    return f"Question: {question}\n" + (f"{known}\n" if known else "") + PROGRAM_SLOT
+
+
+class PromptBuilder:
+    """Builds the prompt of each question from what retrieval returned for it.
+
+    Args:
+        fmt: Program text form of the cases and of the expected answer: ``dag`` or ``chain``.
+        case_triples: Triples of each kind shown with each case (None: all that were
+            retrieved for it). The target question always shows all of its K_o + K_f.
+    """
+
+    def __init__(self, fmt: str = "dag", case_triples: int | None = 3):
+        self.fmt = fmt
+        self.case_triples = case_triples
+        self.system = system_text(fmt)
+
+    def build(self, query: Query, knowledge: Knowledge, cases: Sequence[Case],
+              case_knowledge: Sequence[Knowledge]) -> Prompt:
+        """The prompt of one question.
+
+        Args:
+            query: The target question (id and text only).
+            knowledge: Its retrieved triples.
+            cases: Its retrieved cases, most relevant first.
+            case_knowledge: The triples retrieved for each case's question, aligned with ``cases``.
+        """
+        # The most relevant case goes last, next to the question: few-shot models copy the
+        # nearest example most.
+        examples = [f"{_block(c.question.question, k, self.case_triples)}\n{to_text(c.question.program, self.fmt)}"
+                    for c, k in reversed(list(zip(cases, case_knowledge, strict=True)))]
+        target = _block(query.text, knowledge, None)
+        user = "\n\n".join([*examples, target]) + "\n"
+        return Prompt(query.qid, self.system, user)
+
+
+def prompt_hash(prompt: Prompt) -> str:
+    """SHA-256 of what the prompt says (both parts), the predictions cache's first key."""
+    return hashlib.sha256(f"{prompt.system}\x00{prompt.user}".encode()).hexdigest()
+
+
+_FENCE = re.compile(r"^\s*```[A-Za-z]*\s*\n(.*?)\n?\s*```\s*$", re.DOTALL)
+
+
+def program_text(completion: str) -> str:
+    """The program in a completion: surrounding whitespace and one Markdown code fence removed.
+
+    Chat models often wrap their answer in a fence; nothing else is changed here (the
+    deterministic repair rules in ``cbr2.kopl.repair`` are the only other cleanup, and they
+    are counted).
+    """
+    fenced = _FENCE.match(completion)
+    return (fenced.group(1) if fenced else completion).strip()

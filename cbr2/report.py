@@ -1,0 +1,442 @@
+"""Compare evaluation runs: an ablation table in the layout of the paper's Table 5 and a per-category bar chart.
+
+Usage::
+
+    python -m cbr2.report RUN_DIR... [--out DIR] [--title T]
+
+Each ``RUN_DIR`` is an evaluation output folder holding ``metrics.json``. Writes
+``DIR/ablation.md`` (also printed), ``DIR/ablation.json`` and ``DIR/per_category.png``.
+
+Honesty rules that live here:
+* runs of different benchmarks or splits are refused: one table would mix incomparable numbers;
+* runs evaluated on different question sets (or whose question set is not recorded), with
+  different LLMs or from different git revisions are tabulated, with a note under the table
+  and a warning on stderr;
+* Δ is taken against the full run of the same LLM and seed, never against a guess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cbr2.data.questions import KQAPRO_ABBREVIATIONS, KQAPRO_CATEGORIES, METAQA_CATEGORIES
+from cbr2.evaluation.report import pct
+
+SETTINGS = (
+    # (provenance "ablation" name, category group, row label), in the paper's Table 5 order.
+    ("full", "", "Full CBR²"),
+    ("chain", "Target Program Format", "Chain"),
+    ("w/o_reasoning_case", "Case Recall", "-w/o reasoning case"),
+    ("w/o_semantic_case", "Case Recall", "-w/o semantic case"),
+    ("random_case", "Case Recall", "random case"),
+    ("w/o_act", "Knowledge Recall", "-w/o act knowledge"),
+    ("w/o_ont", "Knowledge Recall", "-w/o ont knowledge"),
+    ("w/o_knowledge", "Knowledge Recall", "-w/o knowledge"),
+)
+_RANK = {name: i for i, (name, _, _) in enumerate(SETTINGS)}
+OTHER_GROUP = "Other"
+"""Group of runs that are not one of the paper's settings (no or an unknown ablation name)."""
+
+DISTINGUISHING = (
+    # (short name, where in a loaded run): what tells apart runs of the same setting, in label order.
+    ("backend", ("llm", "backend")),
+    ("model", ("llm", "model")),
+    ("seed", ("seed",)),
+    ("retrieval.seed", ("config", "retrieval", "seed")),
+    ("temperature", ("config", "llm", "temperature")),
+    ("format", ("config", "prompt", "format")),
+    ("cases", ("config", "retrieval", "cases")),
+    ("encoder", ("config", "retrieval", "encoder")),
+    ("prompt", ("prompt_version",)),
+    ("git", ("git",)),
+)
+
+
+def canonical_ablation(name: str | None) -> str | None:
+    """An ablation name as ``SETTINGS`` spells it: ``wo_act`` (a config file's name) is ``w/o_act``."""
+    if isinstance(name, str) and name.startswith("wo_"):
+        return "w/o_" + name[3:]
+    return name
+
+
+class ReportError(ValueError):
+    """Runs that cannot be tabulated; the message names the folder and the reason."""
+
+
+def load_run(path: str | Path) -> dict[str, Any]:
+    """Read one evaluation run folder.
+
+    Args:
+        path: The run folder (or its ``metrics.json``).
+
+    Returns:
+        ``{"dir", "metrics", "ablation", "benchmark", "split", "llm": {"backend", "model"}, "seed",
+        "git", "prompt_version", "question_ids_sha256", "config"}``; provenance fields the run
+        did not record are ``None``.
+
+    Raises:
+        ReportError: The folder or its ``metrics.json`` is missing or corrupt, or the run has no
+            Hits@1 (a retrieval-only run).
+    """
+    path = Path(path)
+    run_dir = path.parent if path.name == "metrics.json" else path
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir}: no such run folder")
+    file = run_dir / "metrics.json"
+    if not file.is_file():
+        raise ReportError(f"{run_dir}: no metrics.json (not an evaluation run folder, or the run has not finished)")
+    try:
+        metrics = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{run_dir}: metrics.json is not valid JSON ({exc})") from exc
+    if not isinstance(metrics, dict):
+        raise ReportError(f"{run_dir}: metrics.json is not a JSON object")
+    if "hits@1" not in metrics:
+        kind = "a retrieval-only run" if "retrieval" in metrics else "not an evaluation's metrics"
+        raise ReportError(f"{run_dir}: metrics.json has no hits@1 ({kind}); only generation runs can be tabulated")
+    missing = [k for k in ("ser", "n", "per_category") if k not in metrics]
+    if missing:
+        raise ReportError(f"{run_dir}: metrics.json lacks {', '.join(missing)}")
+    prov = metrics.get("provenance") or {}
+    cfg = prov.get("config") or {}
+    data, llm = cfg.get("data") or {}, cfg.get("llm") or {}
+    return {
+        "dir": run_dir,
+        "metrics": metrics,
+        "ablation": canonical_ablation(prov.get("ablation")),
+        "benchmark": data.get("name"),
+        "split": prov.get("split") or data.get("split"),
+        "llm": {"backend": llm.get("backend"), "model": llm.get("model")},
+        # The evaluation's own seed when recorded; older runs only have the sampling seed.
+        "seed": prov.get("seed", llm.get("seed")),
+        "git": prov.get("git"),
+        "prompt_version": prov.get("prompt_version"),
+        "question_ids_sha256": prov.get("question_ids_sha256"),
+        "config": cfg,
+    }
+
+
+def _get(run: dict[str, Any], keys: Sequence[str]) -> Any:
+    value: Any = run
+    for k in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(k)
+    return value
+
+
+def _family(run: dict[str, Any]) -> str | None:
+    """``kqapro`` or ``metaqa`` from the benchmark name, else from the category keys."""
+    name = (run["benchmark"] or "").lower()
+    for family in ("kqapro", "metaqa"):
+        if family in name:
+            return family
+    cats = set(run["metrics"]["per_category"])
+    if cats & set(KQAPRO_CATEGORIES):
+        return "kqapro"
+    if cats & set(METAQA_CATEGORIES):
+        return "metaqa"
+    return None
+
+
+def _setting(run: dict[str, Any]) -> tuple[int, str, str]:
+    """(rank in Table 5, group, base label) of a run; runs outside the paper's settings rank last."""
+    name = run["ablation"]
+    if name in _RANK:
+        _, group, label = SETTINGS[_RANK[name]]
+        return _RANK[name], group, label
+    # Unknown names keep their own name; unnamed runs are known by their folder.
+    return len(SETTINGS), OTHER_GROUP, str(name) if name else run["dir"].name
+
+
+def _show(value: Any) -> str:
+    return "default" if value is None else str(value)
+
+
+def labelled(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs in Table 5's order, each with ``group`` and a unique ``label``.
+
+    Runs that share a setting get the config values that tell them apart (``model=...,
+    seed=...``), then their folder if those do not; the result does not depend on the order
+    of ``runs``.
+
+    Raises:
+        ReportError: The same folder is given twice.
+    """
+    seen: dict[Path, Path] = {}
+    for run in runs:
+        key = run["dir"].resolve()
+        if key in seen:
+            raise ReportError(f"{run['dir']}: run folder given twice")
+        seen[key] = run["dir"]
+    by_base: dict[str, list[dict[str, Any]]] = {}
+    out = []
+    for run in runs:
+        rank, group, base = _setting(run)
+        item = {**run, "rank": rank, "group": group, "base": base}
+        by_base.setdefault(base, []).append(item)
+        out.append(item)
+    for items in by_base.values():
+        if len(items) == 1:
+            items[0]["label"] = items[0]["base"]
+            continue
+        differing = [(short, keys) for short, keys in DISTINGUISHING
+                     if len({json.dumps(_get(r, keys), sort_keys=True, default=str) for r in items}) > 1]
+        for r in items:
+            parts = [f"{short}={_show(_get(r, keys))}" for short, keys in differing]
+            r["label"] = f"{r['base']} ({', '.join(parts)})" if parts else r["base"]
+        labels = [r["label"] for r in items]
+        for r in items:
+            if labels.count(r["label"]) > 1:
+                # Same config twice (a rerun): only the folder tells them apart.
+                r["label"] = f"{r['label']} [{r['dir']}]"
+    out.sort(key=lambda r: (r["rank"], r["label"], str(r["dir"].resolve())))
+    return out
+
+
+def check_runs(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Refuse runs that cannot share a table; return notes on what makes them less comparable.
+
+    Raises:
+        ReportError: The runs are of different benchmarks or splits.
+    """
+    runs = labelled(runs)
+
+    def groups(field: Any) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for r in runs:
+            out.setdefault(_show(field(r)) if field(r) is not None else "unrecorded", []).append(r["label"])
+        return out
+
+    def listing(g: dict[str, list[str]]) -> str:
+        return "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(g.items()))
+
+    families = groups(_family)
+    names = {r["benchmark"] for r in runs if r["benchmark"] is not None}
+    if len(families) > 1 or len(names) > 1:
+        by_name = groups(lambda r: r["benchmark"] or _family(r))
+        raise ReportError(f"runs of different benchmarks cannot share a table ({listing(by_name)})")
+    splits = {r["split"] for r in runs if r["split"] is not None}
+    if len(splits) > 1:
+        raise ReportError(f"runs of different splits cannot share a table ({listing(groups(lambda r: r['split']))})")
+
+    notes = []
+    hashes = groups(lambda r: r["question_ids_sha256"])
+    if "unrecorded" in hashes:
+        notes.append(f"No question_ids_sha256 recorded for {', '.join(hashes['unrecorded'])}: that all runs saw the "
+                     "same questions cannot be checked.")
+    recorded = {k: v for k, v in hashes.items() if k != "unrecorded"}
+    if len(recorded) > 1:
+        short = {k[:12]: v for k, v in recorded.items()}
+        notes.append(f"Runs were evaluated on different question sets (question_ids_sha256 {listing(short)}); "
+                     "their numbers are not directly comparable.")
+    llms = groups(lambda r: f"{_show(r['llm']['backend'])}/{_show(r['llm']['model'])}")
+    if len(llms) > 1:
+        notes.append(f"Runs used different LLMs ({listing(llms)}).")
+    gits = groups(lambda r: r["git"])
+    if len(gits) > 1:
+        notes.append(f"Runs come from different git revisions ({listing(gits)}).")
+    return notes
+
+
+def _columns(runs: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(category, header) pairs: the family's categories in table order, then any others sorted."""
+    family = _family(runs[0]) if runs else None
+    if family == "kqapro":
+        cols = [(c, KQAPRO_ABBREVIATIONS[c]) for c in KQAPRO_CATEGORIES]
+    elif family == "metaqa":
+        cols = [(c, c) for c in METAQA_CATEGORIES]
+    else:
+        cols = []
+    known = {c for c, _ in cols}
+    extra = sorted({c for r in runs for c in r["metrics"]["per_category"]} - known)
+    return cols + [(c, c) for c in extra]
+
+
+def _variant(run: dict[str, Any]) -> tuple[str, str, str]:
+    return _show(run["llm"]["backend"]), _show(run["llm"]["model"]), _show(run["seed"])
+
+
+def _reference(run: dict[str, Any], fulls: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The full run a row is compared with: the one of the same LLM and seed, if exactly one."""
+    # A difference to a full run of another LLM or seed would mix the ablation's effect with the model's.
+    same = [f for f in fulls if _variant(f) == _variant(run)]
+    return same[0] if len(same) == 1 else None
+
+
+def _percent(x: float) -> float:
+    """A fraction as a percentage rounded like the per-run report (``pct``); + 0.0 turns -0.0 into 0.0."""
+    return float(pct(x)) + 0.0
+
+
+def table_data(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The numbers of the table, in percent with 2 decimals (the content of ``ablation.json``).
+
+    Raises:
+        ReportError: As :func:`check_runs`.
+    """
+    notes = check_runs(runs)
+    ordered = labelled(runs)
+    cols = _columns(ordered)
+    fulls = [r for r in ordered if r["ablation"] == "full"]
+    rows = []
+    for r in ordered:
+        m = r["metrics"]
+        ref = _reference(r, fulls)
+        delta = None if ref is None or ref is r else _percent(m["hits@1"] - ref["metrics"]["hits@1"])
+        rows.append({
+            "group": r["group"],
+            "setting": r["label"],
+            "ablation": r["ablation"],
+            "run_dir": str(r["dir"]),
+            "per_category": {c: (_percent(m["per_category"][c]["hits@1"]) if c in m["per_category"] else None)
+                             for c, _ in cols},
+            "per_category_n": {c: m["per_category"].get(c, {}).get("n") for c, _ in cols},
+            "overall": _percent(m["hits@1"]),
+            "delta_vs_full": delta,
+            "reference": None if ref is None or ref is r else ref["label"],
+            "ser": _percent(m["ser"]),
+            "ser_before_repair": _percent(m["ser_before_repair"]) if "ser_before_repair" in m else None,
+            "n": m["n"],
+            "llm": r["llm"],
+            "seed": r["seed"],
+            "git": r["git"],
+            "question_ids_sha256": r["question_ids_sha256"],
+        })
+    first = ordered[0] if ordered else None
+    return {
+        "benchmark": first["benchmark"] if first else None,
+        "split": first["split"] if first else None,
+        "unit": "percent",
+        "columns": [{"category": c, "header": h} for c, h in cols],
+        "rows": rows,
+        "notes": notes,
+    }
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_table(data: dict[str, Any], title: str | None = None) -> str:
+    """Markdown of :func:`table_data`'s structure."""
+    cols = data["columns"]
+    bench = " ".join(str(x) for x in (data["benchmark"], data["split"]) if x)
+    lines = [f"# {title or 'Ablation study' + (f' · {bench}' if bench else '')}", ""]
+    if any(c["header"] != c["category"] for c in cols):
+        lines += ["Hits@1 (%) per category; " + "; ".join(f"{c['header']}: {c['category']}" for c in cols
+                                                           if c["header"] != c["category"]) + ".", ""]
+    lines += [("Δ vs full: Overall minus that of the full run with the same LLM and seed (— where there is none); "
+               "SER after repair."), ""]
+    header = ["Category group", "Setting", *(c["header"] for c in cols), "Overall", "Δ vs full (points)", "SER (%)", "n"]
+    lines += ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 2)]
+    previous_group = None
+    for row in data["rows"]:
+        # Like the paper, a group's name stands on its first row only.
+        group = row["group"] if row["group"] != previous_group else ""
+        previous_group = row["group"]
+        cells = [f"{v:.2f}" if v is not None else "—" for v in row["per_category"].values()]
+        delta = "—" if row["delta_vs_full"] is None else f"{row['delta_vs_full']:+.2f}"
+        lines.append("| " + " | ".join([_cell(group), _cell(row["setting"]), *cells, f"{row['overall']:.2f}", delta,
+                                        f"{row['ser']:.2f}", str(row["n"])]) + " |")
+    if data["notes"]:
+        for note in data["notes"]:
+            # A blank line between notes, or Markdown merges them into one paragraph.
+            lines += ["", f"> **Note:** {note}"]
+    return "\n".join(lines) + "\n"
+
+
+def ablation_table(runs: Sequence[dict[str, Any]], title: str | None = None) -> str:
+    """Markdown ablation table of loaded runs in the layout of the paper's Table 5.
+
+    Args:
+        runs: Results of :func:`load_run`, in any order.
+        title: First heading; ``Ablation study · BENCHMARK SPLIT`` when unset.
+
+    Raises:
+        ReportError: The runs are of different benchmarks or splits.
+    """
+    return render_table(table_data(runs), title)
+
+
+def plot_per_category(runs: Sequence[dict[str, Any]], path: str | Path, title: str | None = None) -> None:
+    """Grouped bar chart of Hits@1 per category, one bar per run (like the paper's Figure 5).
+
+    Args:
+        runs: Results of :func:`load_run`, in any order.
+        path: The PNG to write.
+        title: Chart title; none when unset.
+    """
+    # Imported here: the headless backend must be chosen before pyplot loads, and the table
+    # alone should not pay for matplotlib.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ordered = labelled(runs)
+    cols = _columns(ordered) + [("__overall__", "Overall")]
+    n_runs, n_cols = len(ordered), len(cols)
+    width = 0.8 / max(n_runs, 1)
+    fig_w = min(max(8.0, 0.17 * n_runs * n_cols + 3.0), 20.0)  # about 0.17 in a bar, labels stay legible
+    fig, ax = plt.subplots(figsize=(fig_w, 6.0), dpi=120)
+    cmap = plt.get_cmap("tab10" if n_runs <= 10 else "tab20")
+    for i, r in enumerate(ordered):
+        m = r["metrics"]
+        values = [100 * m["hits@1"] if c == "__overall__" else
+                  (100 * m["per_category"][c]["hits@1"] if c in m["per_category"] else float("nan")) for c, _ in cols]
+        xs = [j + (i - (n_runs - 1) / 2) * width for j in range(n_cols)]
+        bars = ax.bar(xs, values, width, label=r["label"], color=cmap(i % cmap.N))
+        # Vertical labels stay legible however many runs share a category.
+        ax.bar_label(bars, labels=["" if math.isnan(v) else f"{v:.1f}" for v in values], fontsize=7,
+                     rotation=90 if n_runs > 2 else 0, padding=2)
+    ax.set_xticks(range(n_cols), [h for _, h in cols])
+    ax.set_ylabel("Hits@1 (%)")
+    ax.set_ylim(0, 115)  # headroom for the value labels above 100
+    ax.set_yticks(range(0, 101, 20))
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=min(n_runs, 4), frameon=False)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: tabulate and plot runs; 0 on success, 2 on refused input."""
+    parser = argparse.ArgumentParser(prog="python -m cbr2.report",
+                                     description="Ablation table (paper's Table 5 layout) and per-category chart.")
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="evaluation output folders (with metrics.json)")
+    parser.add_argument("--out", default="outputs/report", help="where to write the report (default: %(default)s)")
+    parser.add_argument("--title", default=None, help="heading of the table and the chart")
+    args = parser.parse_args(argv)
+    try:
+        runs = [load_run(p) for p in args.runs]
+        data = table_data(runs)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for note in data["notes"]:
+        print(f"warning: {note}", file=sys.stderr)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = render_table(data, args.title)
+    (out / "ablation.md").write_text(markdown, encoding="utf-8")
+    (out / "ablation.json").write_text(json.dumps({"title": args.title, **data}, indent=2, ensure_ascii=False) + "\n",
+                                       encoding="utf-8")
+    plot_per_category(runs, out / "per_category.png", title=args.title)
+    print(markdown, end="")
+    print(f"wrote {out / 'ablation.md'}, {out / 'ablation.json'}, {out / 'per_category.png'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""The ``vllm`` backend at its boundary with vLLM: a fake ``vllm`` module records what it is given.
+
+One ``gpu`` test really generates with a small Qwen3 model; it runs only where CUDA and vLLM
+are present.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+from omegaconf import OmegaConf
+
+from cbr2.config import LLMConfig
+from cbr2.llm import backend_class
+from cbr2.llm import vllm as vllm_backend
+from cbr2.llm.base import Completion, Prompt, cut_at_stop
+from cbr2.llm.vllm import DEFAULT_MODEL, VLLMBackend, engine_kwargs, parse_outputs, sampling_kwargs
+
+PROMPTS = [Prompt(qid=f"q{i}", system="SYSTEM PART", user=f"question {i}\nProgram:") for i in range(3)]
+
+
+def _cfg(**overrides):
+    """The ``llm`` section as the runner passes it: a DictConfig over the dataclass schema."""
+    return OmegaConf.merge(OmegaConf.structured(LLMConfig(backend="vllm")), overrides)
+
+
+def _output(text, n_prompt, n_out):
+    """A stand-in for vLLM's ``RequestOutput``."""
+    return SimpleNamespace(prompt_token_ids=list(range(n_prompt)),
+                           outputs=[SimpleNamespace(text=text, token_ids=list(range(n_out)))])
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """A ``vllm`` module whose LLM echoes each prompt's tail and records its calls."""
+    mod = types.ModuleType("vllm")
+    mod.engines = []
+
+    class SamplingParams:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+    class LLM:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+            self.calls = []
+            mod.engines.append(self)
+
+        def generate(self, prompts, sampling_params=None, **kwargs):
+            self.calls.append((list(prompts), sampling_params))
+            # The answer names its prompt, then runs past the stop string as a raw model would.
+            return [_output(f"Find({p.splitlines()[-2]})\n\nJUNK", len(p), 7) for p in prompts]
+
+    mod.LLM, mod.SamplingParams = LLM, SamplingParams
+    monkeypatch.setitem(sys.modules, "vllm", mod)
+    return mod
+
+
+class FakeTokenizer:
+    """Records ``apply_chat_template`` calls and renders messages with visible markers."""
+
+    def __init__(self):
+        self.calls = []
+
+    def apply_chat_template(self, messages, **kwargs):
+        self.calls.append(kwargs)
+        return "".join(f"<{m['role']}>{m['content']}</{m['role']}>\n" for m in messages) + "<assistant>"
+
+
+@pytest.fixture
+def fake_tokenizer(monkeypatch):
+    loaded = []
+    tok = FakeTokenizer()
+
+    def load(model):
+        loaded.append(model)
+        return tok
+
+    monkeypatch.setattr(vllm_backend, "load_tokenizer", load)
+    tok.loaded = loaded
+    return tok
+
+
+def test_registry_resolves_the_class():
+    assert backend_class("vllm") is VLLMBackend
+
+
+def test_engine_kwargs_from_config():
+    kw = engine_kwargs(_cfg(tensor_parallel_size=2, gpu_memory_utilization=0.8, max_model_len=8192, seed=3,
+                            dtype="bfloat16"))
+    assert kw == {"model": DEFAULT_MODEL, "tensor_parallel_size": 2, "gpu_memory_utilization": 0.8, "seed": 3,
+                  "dtype": "bfloat16", "enable_prefix_caching": True, "max_model_len": 8192}
+    # The dataclass works too; an unset context length is left to the model.
+    kw = engine_kwargs(LLMConfig(backend="vllm", model="Qwen/Qwen3-0.6B"))
+    assert kw["model"] == "Qwen/Qwen3-0.6B" and "max_model_len" not in kw and kw["enable_prefix_caching"] is True
+
+
+def test_sampling_kwargs_greedy_and_sampled():
+    greedy = sampling_kwargs(_cfg(max_new_tokens=64, top_p=0.9, stop=["\n\n", "Question:"]))
+    assert greedy == {"temperature": 0.0, "top_p": 1.0, "max_tokens": 64, "stop": ["\n\n", "Question:"], "seed": None}
+    assert type(greedy["stop"]) is list  # a plain list, not a ListConfig
+    sampled = sampling_kwargs(_cfg(temperature=0.7, top_p=0.9, seed=5))
+    assert sampled["temperature"] == 0.7 and sampled["top_p"] == 0.9 and sampled["seed"] == 5
+
+
+def test_cut_at_stop_takes_the_earliest():
+    assert cut_at_stop("a\n\nb END c", ["END", "\n\n"]) == "a"
+    assert cut_at_stop("abc", ["x", ""]) == "abc"
+
+
+def test_parse_outputs():
+    got = parse_outputs([_output("Find(x)\n\nrest", 11, 4), _output("Count()", 5, 2)], stop=["\n\n"])
+    assert got == [Completion("Find(x)", 11, 4), Completion("Count()", 5, 2)]
+
+
+def test_generate_one_batch_in_order(fake_vllm):
+    backend = VLLMBackend(_cfg(chat=False, max_new_tokens=32, max_model_len=4096))
+    assert fake_vllm.engines == []  # nothing built before the first generate
+    assert backend.render(PROMPTS[0]) == PROMPTS[0].text and fake_vllm.engines == []
+    seen = []
+    got = backend.generate(PROMPTS, on_result=lambda i, c: seen.append((i, c)))
+
+    (engine,) = fake_vllm.engines
+    assert engine.kwargs["model"] == DEFAULT_MODEL and engine.kwargs["max_model_len"] == 4096
+    assert engine.kwargs["enable_prefix_caching"] is True
+    (call,) = engine.calls
+    texts, params = call
+    assert texts == [p.text for p in PROMPTS]
+    assert params.kwargs == {"temperature": 0.0, "top_p": 1.0, "max_tokens": 32, "stop": ["\n\n", "\nQuestion:"], "seed": None}
+    assert [c.text for c in got] == [f"Find(question {i})" for i in range(3)]
+    assert all(c.prompt_tokens == len(p.text) and c.completion_tokens == 7 for c, p in zip(got, PROMPTS))
+    assert seen == list(enumerate(got))
+
+    backend.generate(PROMPTS[:1])
+    assert len(fake_vllm.engines) == 1 and len(engine.calls) == 2  # the engine is built once
+    assert backend.generate([]) == []
+
+
+def test_chat_rendering_turns_thinking_off(fake_vllm, fake_tokenizer):
+    backend = VLLMBackend(_cfg(model="Qwen/Qwen3-0.6B"))
+    assert backend.uses_chat  # chat is the default
+    rendered = backend.render(PROMPTS[1])
+    assert rendered == "<system>SYSTEM PART</system>\n<user>question 1\nProgram:</user>\n<assistant>"
+    assert fake_tokenizer.calls[0] == {"tokenize": False, "add_generation_prompt": True, "enable_thinking": False}
+    assert fake_tokenizer.loaded == ["Qwen/Qwen3-0.6B"] and fake_vllm.engines == []  # no weights for render
+
+    backend.generate(PROMPTS)
+    (texts, _), = fake_vllm.engines[0].calls
+    assert texts == [backend.render(p) for p in PROMPTS]
+    assert fake_tokenizer.loaded == ["Qwen/Qwen3-0.6B"]  # loaded once
+
+
+def test_plain_mode_loads_no_tokenizer(fake_tokenizer):
+    backend = VLLMBackend(_cfg(chat=False))
+    assert not backend.uses_chat and backend.render(PROMPTS[0]) == "SYSTEM PART\n\nquestion 0\nProgram:"
+    assert fake_tokenizer.loaded == []
+
+
+def test_identity_needs_nothing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # importing it would fail
+    greedy = VLLMBackend(LLMConfig(backend="vllm")).identity()
+    assert greedy == {"backend": "vllm", "model": DEFAULT_MODEL, "chat": True, "max_new_tokens": 128,
+                      "temperature": 0.0, "top_p": 1.0, "stop": ["\n\n", "\nQuestion:"]}
+    sampled = VLLMBackend(_cfg(temperature=0.5, seed=9, chat=False)).identity()
+    assert sampled["seed"] == 9 and sampled["chat"] is False
+
+
+def test_missing_vllm_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ImportError, match=r"pip install -e \.\[vllm\]"):
+        VLLMBackend(_cfg(chat=False)).generate(PROMPTS)
+
+
+def _gpu_ready() -> bool:
+    if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not _gpu_ready(), reason="needs CUDA and vllm (pip install -e .[vllm])")
+def test_real_generation_with_a_small_qwen3():
+    model = os.environ.get("CBR2_VLLM_TEST_MODEL", "Qwen/Qwen3-0.6B")
+    backend = VLLMBackend(_cfg(model=model, max_new_tokens=24, max_model_len=2048, gpu_memory_utilization=0.3))
+    try:
+        backend.tokenizer()
+    except OSError as e:  # conftest sets HF_HUB_OFFLINE=1: the model must be cached (or a local folder)
+        pytest.skip(f"{model} is not available locally: {e}")
+    prompts = [Prompt(qid="a", system="Answer with one word.", user="What is the capital of France?"),
+               Prompt(qid="b", system="Answer with one word.", user="What colour is the sky on a clear day?")]
+    if "qwen3" in model.lower():  # thinking off: the template closes an empty think block itself
+        assert backend.render(prompts[0]).endswith("<think>\n\n</think>\n\n")
+    got = backend.generate(prompts)
+    assert len(got) == 2
+    for c in got:
+        assert isinstance(c.text, str) and "\n\n" not in c.text
+        assert c.prompt_tokens and c.prompt_tokens > 5 and 0 < c.completion_tokens <= 24
+    assert "paris" in got[0].text.lower()

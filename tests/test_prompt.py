@@ -1,0 +1,134 @@
+"""The prompt (paper Section 4.3), the ablation deltas and the balanced sample."""
+
+import random
+from collections import Counter
+
+import pytest
+
+from cbr2.config import ABLATIONS, CONFIG_DIR, Config, ConfigError, ablation_file, load_config
+from cbr2.data.benchmarks import Benchmark
+from cbr2.evaluation.runner import select_questions
+from cbr2.kb.triples import Triple
+from cbr2.kopl import functions
+from cbr2.kopl.text import to_text
+from cbr2.prompt import PROGRAM_SLOT, PromptBuilder, program_text, prompt_hash, system_text
+from cbr2.retrieval.cases import Case, Query
+from cbr2.retrieval.knowledge import Knowledge
+
+
+@pytest.fixture(scope="module")
+def train():
+    return Benchmark("mini-kqapro").questions("train")
+
+
+def _knowledge(tag, n=5):
+    return Knowledge(tuple(Triple(f"c{tag}{i}", "has attribute", f"k{i}") for i in range(n)),
+                     tuple(Triple(f"e{tag}{i}", "population", f"{i}") for i in range(n)))
+
+
+def _build(train, fmt="dag", case_triples=3, knowledge=None):
+    cases = [Case(train[0], ("semantic",), (0.9,)), Case(train[1], ("structural",), (0.8,))]
+    return PromptBuilder(fmt, case_triples).build(
+        Query("q1", "How many cities are there?"), knowledge or _knowledge("T"), cases,
+        [_knowledge("A"), _knowledge("B")])
+
+
+def test_the_prompt_has_the_four_parts_in_order(train):
+    prompt = _build(train)
+    text = prompt.text
+    role, syntax, functions_at = text.index("You translate"), text.index("Program form"), text.index("Functions (")
+    first_case, second_case = text.index(train[1].question), text.index(train[0].question)
+    target = text.index("Question: How many cities are there?")
+    assert role < syntax < functions_at < first_case < second_case < target
+    # The most relevant case (first retrieved) sits next to the question.
+    assert text.endswith(f"Question: How many cities are there?\nOntology:\n- cT0 | has attribute | k0\n"
+                         f"- cT1 | has attribute | k1\n- cT2 | has attribute | k2\n- cT3 | has attribute | k3\n"
+                         f"- cT4 | has attribute | k4\nFacts:\n- eT0 | population | 0\n- eT1 | population | 1\n"
+                         f"- eT2 | population | 2\n- eT3 | population | 3\n- eT4 | population | 4\n{PROGRAM_SLOT}\n")
+    # Each case shows its own triples (3 of each kind) and its program.
+    assert f"{train[0].question}\nOntology:\n- cA0" in text and "cA2" in text and "cA3" not in text
+    assert f"- eB2 | population | 2\n{PROGRAM_SLOT}\n{to_text(train[1].program)}\n\n" in text
+    assert prompt.system == system_text("dag") and prompt.text == f"{prompt.system}\n\n{prompt.user}"
+
+
+def test_every_function_of_the_table_is_defined_and_a_new_one_appears(monkeypatch):
+    text = system_text("dag")
+    for name, spec in functions.FUNCTIONS.items():
+        assert f"- {name}[{' | '.join(a.name for a in spec.args)}]:" in text
+    assert "op: one of =, !=, <, >" in text and "direction: one of forward, backward" in text
+    new = functions.FunctionSpec("Median", ("entities",), (functions.Arg("key", "key"),), "values", "median of `key`")
+    monkeypatch.setitem(functions.FUNCTIONS, "Median", new)
+    assert "- Median[key]: entities → values. Median of `key` (key: attribute key)." in system_text("dag")
+
+
+def test_chain_format_changes_the_syntax_and_the_case_programs(train):
+    dag, chain = _build(train, "dag"), _build(train, "chain")
+    assert "one branch per line" in dag.system and "one step per line" in chain.system
+    assert to_text(train[0].program, "chain") in chain.user and to_text(train[0].program, "dag") in dag.user
+    with pytest.raises(ValueError, match="unknown prompt.format 'tree'"):
+        system_text("tree")
+
+
+def test_empty_knowledge_leaves_no_section_and_case_triples_none_shows_all(train):
+    bare = PromptBuilder("dag", 3).build(Query("q", "Who?"), Knowledge(), [Case(train[0], ("random",), (None,))],
+                                         [Knowledge()])
+    assert "Ontology:" not in bare.user and "Facts:" not in bare.user
+    assert bare.user.endswith(f"Question: Who?\n{PROGRAM_SLOT}\n")
+    assert "cA4" in _build(train, case_triples=None).user
+
+
+def test_prompt_hash_and_program_text():
+    from cbr2.llm.base import Prompt
+
+    a, b = Prompt("1", "sys", "user"), Prompt("2", "sys", "user")
+    assert prompt_hash(a) == prompt_hash(b) != prompt_hash(Prompt("1", "sys", "user "))
+    assert program_text("```\nr1: Find[X] → QueryName[]\n```") == "r1: Find[X] → QueryName[]"
+    assert program_text("```kopl\nr1: Find[X]\nr2: r1 → Count[]\n```  ") == "r1: Find[X]\nr2: r1 → Count[]"
+    assert program_text("  r1: Find[X]  \n") == "r1: Find[X]"
+
+
+# ---------------------------------------------------------------- ablations
+
+
+def test_every_ablation_is_a_small_delta_and_unknown_names_list_the_valid_ones():
+    base = load_config([], files=[CONFIG_DIR / "evaluate.yaml"])
+    expected = {
+        "full": {},
+        "chain": {"prompt.format": "chain"},
+        "w/o_reasoning_case": {"retrieval.cases": "semantic"},
+        "w/o_semantic_case": {"retrieval.cases": "structural"},
+        "random_case": {"retrieval.cases": "random"},
+        "w/o_act": {"retrieval.k_facts": 0},
+        "w/o_ont": {"retrieval.k_ontology": 0},
+        "w/o_knowledge": {"retrieval.k_facts": 0, "retrieval.k_ontology": 0},
+    }
+    assert set(expected) == set(ABLATIONS)
+    for name, delta in expected.items():
+        cfg = load_config([], files=[CONFIG_DIR / "evaluate.yaml", ablation_file(name)])
+        changed = {f"{s}.{k}": cfg[s][k] for s in ("prompt", "retrieval", "llm", "eval", "data")
+                   for k in cfg[s] if cfg[s][k] != base[s][k]}
+        assert changed == delta, name
+    with pytest.raises(ConfigError, match=r"unknown ablation 'w/o_case'; valid: full, chain, w/o_reasoning_case"):
+        ablation_file("w/o_case")
+
+
+def test_evaluate_yaml_mirrors_the_schema_defaults():
+    assert load_config([], files=[CONFIG_DIR / "evaluate.yaml"]) == load_config([], schema=Config)
+
+
+# ---------------------------------------------------------------- the balanced sample
+
+
+def test_per_category_sample_follows_the_literature_recipe():
+    bench = Benchmark("mini-kqapro")
+    cfg = load_config(["eval.per_category=7"])
+    picked = select_questions(bench, cfg)
+    assert Counter(q.category for q in picked) == {c: 7 for c in {q.category for q in bench.questions("val")}}
+    shuffled = list(bench.questions("val"))
+    random.Random(123).shuffle(shuffled)
+    assert [q.qid for q in picked] == [q.qid for q in shuffled if q in picked]  # shuffled order, first 7 of each
+    assert [q.qid for q in select_questions(bench, cfg)] == [q.qid for q in picked]  # deterministic
+    other = select_questions(bench, load_config(["eval.per_category=7", "eval.sample_seed=1"]))
+    assert {q.qid for q in other} != {q.qid for q in picked}
+    assert len(select_questions(bench, load_config(["eval.per_category=null"]))) == 450
+    assert len(select_questions(bench, load_config(["eval.per_category=7", "eval.limit=10"]))) == 10

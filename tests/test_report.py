@@ -1,0 +1,232 @@
+"""`python -m cbr2.report`: Table 5 layout and order, Δ, honesty checks, chart and CLI, on synthetic runs."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from cbr2.data.questions import KQAPRO_CATEGORIES
+from cbr2.report import ReportError, ablation_table, load_run, main, plot_per_category, table_data
+
+PAPER_TABLE_5 = {
+    # ablation -> (per category Hits@1 in KQA Pro order, overall), the paper's numbers.
+    "full": ([83, 84, 85, 81, 85, 81, 81, 91, 86], 84.11),
+    "chain": ([78, 82, 81, 73, 82, 68, 80, 90, 85], 79.89),
+    "w/o_reasoning_case": ([77, 75, 79, 62, 77, 65, 77, 85, 75], 74.67),
+    "w/o_semantic_case": ([63, 64, 57, 52, 68, 63, 56, 79, 70], 63.56),
+    "random_case": ([31, 37, 11, 26, 43, 11, 25, 42, 46], 30.22),
+    "w/o_act": ([77, 74, 69, 71, 81, 60, 76, 85, 83], 75.11),
+    "w/o_ont": ([79, 81, 78, 78, 80, 77, 79, 88, 83], 80.33),
+    "w/o_knowledge": ([80, 77, 76, 74, 82, 70, 76, 85, 84], 78.22),
+}
+LABELS = ["Full CBR²", "Chain", "-w/o reasoning case", "-w/o semantic case", "random case",
+          "-w/o act knowledge", "-w/o ont knowledge", "-w/o knowledge"]
+HASH = "a" * 64
+
+
+def write_run(root, name, per_category, *, ablation=None, benchmark="kqapro", split="val", model="Qwen/Qwen3-8B",
+              seed=0, git="abc123", qhash=HASH, ser=0.0371, hits=None):
+    """A run folder whose metrics.json has the structure the runner writes; ``per_category``: cat -> (hits, n)."""
+    n = sum(k for _, k in per_category.values())
+    metrics = {
+        "hits@1": hits if hits is not None else sum(h * k for h, k in per_category.values()) / n,
+        "ser": ser, "ser_before_repair": ser + 0.01, "n": n,
+        "per_category": {c: {"hits@1": h, "ser": ser, "ser_before_repair": ser, "n": k}
+                         for c, (h, k) in per_category.items()},
+        "errors": {"syntax": 0, "type": 0, "execution": 0, "empty": 0, "wrong": 0},
+        "provenance": {
+            "config": {"data": {"name": benchmark, "split": split}, "llm": {"backend": "vllm", "model": model},
+                       "prompt": {"format": "chain" if ablation == "chain" else "dag"}},
+            "ablation": ablation, "prompt_version": "v1", "git": git, "split": split, "seed": seed, "n": n,
+            **({"question_ids_sha256": qhash} if qhash else {}),
+        },
+    }
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "metrics.json").write_text(json.dumps(metrics), encoding="utf-8")
+    (d / "predictions.jsonl").write_text("", encoding="utf-8")
+    return d
+
+
+def paper_runs(root, **kw):
+    """The paper's eight Table 5 settings as runs of 100 questions per category."""
+    return {ab: write_run(root, ab.replace("/", "_"), {c: (v / 100, 100) for c, v in zip(KQAPRO_CATEGORIES, vals)},
+                          ablation=ab, **kw)
+            for ab, (vals, _) in PAPER_TABLE_5.items()}
+
+
+def rows_of(markdown):
+    """Table rows (header and rule excluded) split into cells."""
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def test_rows_follow_table_5_whatever_the_argument_order(tmp_path):
+    dirs = list(paper_runs(tmp_path).values())
+    random.Random(0).shuffle(dirs)
+    md = ablation_table([load_run(d) for d in dirs])
+    header = next(line for line in md.splitlines() if line.startswith("|"))
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "Category group", "Setting", "CT", "QA", "QAQ", "QN", "QR", "QRQ", "SA", "SB", "VF", "Overall",
+        "Δ vs full (points)", "SER (%)", "n"]
+    rows = rows_of(md)
+    assert [r[1] for r in rows] == LABELS
+    # A group's name stands on its first row only, as in the paper.
+    assert [r[0] for r in rows] == ["", "Target Program Format", "Case Recall", "", "", "Knowledge Recall", "", ""]
+    assert rows_of(ablation_table([load_run(d) for d in reversed(dirs)])) == rows
+
+
+def test_numbers_and_delta_match_the_paper(tmp_path):
+    dirs = paper_runs(tmp_path)
+    rows = {r[1]: r for r in rows_of(ablation_table([load_run(d) for d in dirs.values()]))}
+    for (ab, (vals, overall)), label in zip(PAPER_TABLE_5.items(), LABELS):
+        row = rows[label]
+        assert row[2:11] == [f"{v:.2f}" for v in vals]
+        assert row[11] == f"{overall:.2f}"
+        assert row[13] == "3.71" and row[14] == "900"
+    full = PAPER_TABLE_5["full"][1]
+    assert rows["Full CBR²"][12] == "—"
+    # The paper's text: -9.44 (w/o reasoning case), -4.22 (Chain), -20.55 (w/o semantic case). The paper
+    # subtracts rounded overalls (84.11 - 63.56); Δ here comes from the exact ones (-185/900 = -20.555...).
+    assert rows["-w/o reasoning case"][12] == "-9.44"
+    assert rows["-w/o semantic case"][12] == "-20.56"
+    assert rows["Chain"][12] == "-4.22"
+    assert rows["random case"][12] == f"{PAPER_TABLE_5['random_case'][1] - full:+.2f}" == "-53.89"
+
+
+def test_json_has_the_same_numbers(tmp_path):
+    dirs = paper_runs(tmp_path)
+    data = table_data([load_run(d) for d in dirs.values()])
+    assert [r["setting"] for r in data["rows"]] == LABELS
+    chain = data["rows"][1]
+    assert chain["per_category"]["QueryRelationQualifier"] == 68.0 and chain["overall"] == 79.89
+    assert chain["delta_vs_full"] == -4.22 and chain["ser"] == 3.71 and chain["n"] == 900
+    assert data["rows"][0]["delta_vs_full"] is None and data["notes"] == []
+
+
+def test_positive_delta_and_rounding(tmp_path):
+    cats = {c: (0.5, 10) for c in KQAPRO_CATEGORIES}
+    full = write_run(tmp_path, "full", cats, ablation="full", hits=0.5)
+    better = write_run(tmp_path, "chain", cats, ablation="chain", hits=0.51236)
+    rows = rows_of(ablation_table([load_run(better), load_run(full)]))
+    assert rows[1][11:13] == ["51.24", "+1.24"]
+
+
+def test_metaqa_columns(tmp_path):
+    hops = {"1-hop": (0.997, 1000), "2-hop": (0.998, 1000), "3-hop": (0.998, 1000)}
+    a = write_run(tmp_path, "full", hops, ablation="full", benchmark="metaqa", split="test", ser=0.0)
+    b = write_run(tmp_path, "chain", {k: (v - 0.1, n) for k, (v, n) in hops.items()}, ablation="chain",
+                  benchmark="metaqa", split="test", ser=0.0)
+    md = ablation_table([load_run(b), load_run(a)])
+    header = next(line for line in md.splitlines() if line.startswith("|"))
+    assert "| Setting | 1-hop | 2-hop | 3-hop | Overall |" in header and "CT" not in header
+    rows = rows_of(md)
+    assert rows[0][1:6] == ["Full CBR²", "99.70", "99.80", "99.80", "99.77"]
+    assert rows[1][1] == "Chain" and rows[1][6] == "-10.00"
+
+
+def test_config_file_spelling_of_ablation_names(tmp_path):
+    cats = {c: (0.8, 10) for c in KQAPRO_CATEGORIES}
+    runs = [write_run(tmp_path, n, cats, ablation=n) for n in ("wo_knowledge", "wo_act", "full")]
+    data = table_data([load_run(d) for d in runs])
+    assert [r["setting"] for r in data["rows"]] == ["Full CBR²", "-w/o act knowledge", "-w/o knowledge"]
+
+
+def test_unnamed_and_duplicate_runs_get_distinct_deterministic_labels(tmp_path):
+    cats = {c: (0.8, 10) for c in KQAPRO_CATEGORIES}
+    a = write_run(tmp_path, "a", cats, ablation="full", model="Qwen/Qwen3-8B")
+    b = write_run(tmp_path, "b", cats, ablation="full", model="meta-llama/Llama-3.1-8B")
+    c = write_run(tmp_path / "x", "hf", cats, seed=1)
+    d = write_run(tmp_path / "y", "hf", cats, seed=2)
+    e = write_run(tmp_path, "chain", {k: (0.7, 10) for k in KQAPRO_CATEGORIES}, ablation="chain",
+                  model="meta-llama/Llama-3.1-8B")
+    data = table_data([load_run(p) for p in (d, e, c, b, a)])
+    labels = [r["setting"] for r in data["rows"]]
+    assert labels == ["Full CBR² (model=Qwen/Qwen3-8B)", "Full CBR² (model=meta-llama/Llama-3.1-8B)", "Chain",
+                      "hf (seed=1)", "hf (seed=2)"]
+    assert [r["group"] for r in data["rows"]][-2:] == ["Other", "Other"]
+    # Δ is taken against the full run of the same LLM, not the first one.
+    assert data["rows"][2]["delta_vs_full"] == -10.0 and data["rows"][2]["reference"] == labels[1]
+    assert labels == [r["setting"] for r in table_data([load_run(p) for p in (a, b, c, d, e)])["rows"]]
+
+
+def test_identical_configs_fall_back_to_the_folder(tmp_path):
+    cats = {c: (0.8, 10) for c in KQAPRO_CATEGORIES}
+    a = write_run(tmp_path, "run1", cats, ablation="full")
+    b = write_run(tmp_path, "run2", cats, ablation="full")
+    labels = [r["setting"] for r in table_data([load_run(b), load_run(a)])["rows"]]
+    assert labels == [f"Full CBR² [{a}]", f"Full CBR² [{b}]"]
+
+
+def test_png_written(tmp_path):
+    dirs = paper_runs(tmp_path)
+    out = tmp_path / "chart.png"
+    plot_per_category([load_run(d) for d in dirs.values()], out)
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+@pytest.mark.parametrize("case", ["missing", "corrupt", "retrieval-only", "no-folder"])
+def test_unusable_run_is_named(tmp_path, case):
+    d = tmp_path / "the-run"
+    if case != "no-folder":
+        d.mkdir()
+    if case == "corrupt":
+        (d / "metrics.json").write_text("{not json", encoding="utf-8")
+    elif case == "retrieval-only":
+        (d / "metrics.json").write_text(json.dumps({"n": 5, "retrieval": {"n": 5}, "provenance": {}}))
+    with pytest.raises(ReportError, match="the-run") as err:
+        load_run(d)
+    if case == "retrieval-only":
+        assert "retrieval-only" in str(err.value) and "hits@1" in str(err.value)
+
+
+def test_mixing_benchmarks_or_splits_is_refused(tmp_path):
+    cats = {c: (0.8, 10) for c in KQAPRO_CATEGORIES}
+    kqa = write_run(tmp_path, "kqa", cats, ablation="full")
+    meta = write_run(tmp_path, "meta", {"1-hop": (0.9, 10)}, ablation="chain", benchmark="metaqa", split="test")
+    with pytest.raises(ReportError, match="different benchmarks"):
+        ablation_table([load_run(kqa), load_run(meta)])
+    mini = write_run(tmp_path, "mini", cats, ablation="chain", benchmark="mini-kqapro")
+    with pytest.raises(ReportError, match="different benchmarks"):
+        ablation_table([load_run(kqa), load_run(mini)])
+    test = write_run(tmp_path, "test", cats, ablation="chain", split="test")
+    with pytest.raises(ReportError, match="different splits"):
+        ablation_table([load_run(kqa), load_run(test)])
+
+
+def test_different_question_sets_llms_and_revisions_are_noted(tmp_path):
+    cats = {c: (0.8, 10) for c in KQAPRO_CATEGORIES}
+    a = write_run(tmp_path, "a", cats, ablation="full")
+    b = write_run(tmp_path, "b", cats, ablation="chain", qhash="b" * 64)
+    md = ablation_table([load_run(a), load_run(b)])
+    assert md.count("> **Note:**") == 1 and "different question sets" in md
+    c = write_run(tmp_path, "c", cats, ablation="random_case", qhash=None, model="other", git="def456")
+    notes = table_data([load_run(a), load_run(c)])["notes"]
+    assert len(notes) == 3
+    assert "No question_ids_sha256 recorded for random case" in notes[0]
+    assert "different LLMs" in notes[1] and "different git revisions" in notes[2]
+    assert table_data([load_run(a), load_run(write_run(tmp_path, "d", cats, ablation="chain"))])["notes"] == []
+
+
+def test_cli_writes_markdown_json_and_png(tmp_path, capsys):
+    dirs = paper_runs(tmp_path / "runs", qhash=None)
+    out = tmp_path / "report"
+    assert main([*map(str, dirs.values()), "--out", str(out), "--title", "Ablation"]) == 0
+    captured = capsys.readouterr()
+    md = (out / "ablation.md").read_text(encoding="utf-8")
+    assert md.startswith("# Ablation\n") and md in captured.out
+    assert "warning: No question_ids_sha256 recorded" in captured.err and "> **Note:** No question_ids" in md
+    data = json.loads((out / "ablation.json").read_text(encoding="utf-8"))
+    assert [r["setting"] for r in data["rows"]] == LABELS and data["rows"][4]["overall"] == 30.22
+    assert (out / "per_category.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_error_exit_code(tmp_path, capsys):
+    ok = write_run(tmp_path, "ok", {c: (0.8, 10) for c in KQAPRO_CATEGORIES}, ablation="full")
+    assert main([str(ok), str(tmp_path / "absent"), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "absent" in err
+    assert not (tmp_path / "r").exists()
