@@ -75,3 +75,26 @@ def cut_at_stop(text: str, stop: Iterable[str]) -> str:
             if i != -1:
                 end = i
     return text[:end]
+
+
+def decoding_identity(cfg: Any, **fields: Any) -> dict[str, Any]:
+    """A backend's predictions-cache key: its own ``fields`` plus the decoding parameters.
+
+    The seed only counts when sampling (temperature > 0): greedy output does not depend on it.
+    """
+    temperature = float(getattr(cfg, "temperature", 0.0) or 0.0)
+    ident = {**fields, "max_new_tokens": int(getattr(cfg, "max_new_tokens", 128)), "temperature": temperature,
+             "top_p": float(getattr(cfg, "top_p", 1.0)), "stop": stop_strings(cfg)}
+    if temperature > 0:
+        ident["seed"] = int(getattr(cfg, "seed", 0))
+    return ident
+
+
+def apply_chat_template(tokenizer: Any, prompt: Prompt) -> str:
+    """The prompt in the model's chat template, ready for the assistant's answer.
+
+    ``enable_thinking=False``: Qwen3's template then emits an empty think block, so the model
+    answers directly; templates without the variable ignore it.
+    """
+    return tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True,
+                                         enable_thinking=False)

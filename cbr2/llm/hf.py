@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cbr2.llm.base import Completion, Prompt, cut_at_stop, stop_strings
+from cbr2.llm.base import Completion, Prompt, apply_chat_template, cut_at_stop, decoding_identity, stop_strings
 
 log = logging.getLogger(__name__)
 
@@ -345,19 +345,8 @@ class HFBackend:
 
     def identity(self) -> dict[str, Any]:
         """What, beside the prompt, decides the output: the predictions-cache key (no weights read)."""
-        ident: dict[str, Any] = {
-            "backend": self.name,
-            "model": self.source,
-            "chat": self.uses_chat,
-            "max_new_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "stop": list(self.stop),
-            "dtype": self.dtype_name,
-        }
-        if self.temperature > 0:
-            ident["seed"] = self.seed
-        return ident
+        return decoding_identity(self.cfg, backend=self.name, model=self.source, chat=self.uses_chat,
+                                 dtype=self.dtype_name)
 
     def _folder(self) -> str:
         """Where from_pretrained reads: the converted folder for the packaged model."""
@@ -384,10 +373,7 @@ class HFBackend:
         """Exactly the text that is tokenized for ``prompt`` (chat mode reads the tokenizer only)."""
         if not self.uses_chat:
             return prompt.text
-        # enable_thinking=False: Qwen3's template then emits an empty think block, so the model
-        # answers directly; other templates ignore the variable.
-        return self.tokenizer().apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True,
-                                                    enable_thinking=False)
+        return apply_chat_template(self.tokenizer(), prompt)
 
     # --- the model -----------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, as_co
 from typing import Any
 from urllib.parse import urlparse
 
-from cbr2.llm.base import Completion, Prompt, cut_at_stop, stop_strings
+from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, stop_strings
 
 BASE_DELAY_S = 1.0
 """First backoff delay; doubles with every retry (tests make it small)."""
@@ -155,19 +155,7 @@ class OpenAIBackend:
         The server URL is left out on purpose: the same model behind another address or port
         gives the same predictions.
         """
-        temperature = float(_opt(self.cfg, "temperature", 0.0))
-        ident: dict[str, Any] = {
-            "backend": self.name,
-            "model": self.model,
-            "chat": self.uses_chat,
-            "max_new_tokens": int(_opt(self.cfg, "max_new_tokens", 160)),
-            "temperature": temperature,
-            "top_p": float(_opt(self.cfg, "top_p", 1.0)),
-            "stop": self.stop,
-        }
-        if temperature > 0:
-            ident["seed"] = int(_opt(self.cfg, "seed", 0))
-        return ident
+        return decoding_identity(self.cfg, backend=self.name, model=self.model, chat=self.uses_chat)
 
     def render(self, prompt: Prompt) -> str:
         """What is sent for ``prompt``: the plain text, or the chat messages (the server applies its template)."""

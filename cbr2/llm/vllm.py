@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from cbr2.llm.base import Completion, Prompt, cut_at_stop, stop_strings
+from cbr2.llm.base import Completion, Prompt, apply_chat_template, cut_at_stop, decoding_identity, stop_strings
 
 DEFAULT_MODEL = "Qwen/Qwen3-8B"
 """The model used when ``llm.model`` is unset."""
@@ -150,19 +150,7 @@ class VLLMBackend:
 
     def identity(self) -> dict[str, Any]:
         """What, beside the prompt, decides the output: the predictions-cache key."""
-        temperature = float(_opt(self.cfg, "temperature", 0.0))
-        ident: dict[str, Any] = {
-            "backend": self.name,
-            "model": self.model,
-            "chat": self.uses_chat,
-            "max_new_tokens": int(_opt(self.cfg, "max_new_tokens", 160)),
-            "temperature": temperature,
-            "top_p": float(_opt(self.cfg, "top_p", 1.0)),
-            "stop": self.stop,
-        }
-        if temperature > 0:
-            ident["seed"] = int(_opt(self.cfg, "seed", 0))
-        return ident
+        return decoding_identity(self.cfg, backend=self.name, model=self.model, chat=self.uses_chat)
 
     def tokenizer(self) -> Any:
         """The model's tokenizer, loaded once."""
@@ -174,10 +162,7 @@ class VLLMBackend:
         """Exactly the text the engine gets for ``prompt`` (loads the tokenizer in chat mode, never weights)."""
         if not self.uses_chat:
             return prompt.text
-        # enable_thinking=False: Qwen3's template then emits an empty think block, so the model
-        # answers directly; templates without the variable ignore it.
-        return self.tokenizer().apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True,
-                                                    enable_thinking=False)
+        return apply_chat_template(self.tokenizer(), prompt)
 
     def engine(self) -> Any:
         """The ``vllm.LLM``, built (weights loaded) on first use."""
