@@ -192,3 +192,42 @@ def test_offline_wandb_gets_the_run(tmp_path, monkeypatch):
     assert all(row[table["columns"].index("correct")] is True for row in table["data"])
     (per_cat,) = (runs[0] / "files" / "media" / "table").glob("per_category_*.table.json")
     assert json.loads(per_cat.read_text())["columns"][:2] == ["category", "hits@1"]
+
+
+@pytest.mark.slow
+def test_the_cpu_llm_run_resumes_from_its_predictions_cache(tmp_path, monkeypatch):
+    pytest.importorskip("gguf", reason="the packaged LLM needs gguf")
+    from cbr2.llm import hf
+
+    try:
+        hf.packaged_gguf()
+    except OSError as err:
+        pytest.skip(str(err))
+    first, out = evaluate(tmp_path, "llm.backend=hf", "eval.limit=2")
+    records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(r["prompt_tokens"] > 1000 and r["completion_tokens"] for r in records)
+
+    def no_generation(self, prompts, on_result=None):
+        assert not prompts, "a cached prediction was generated again"
+        return []
+
+    monkeypatch.setattr(hf.HFBackend, "generate", no_generation)
+    again, _ = evaluate(tmp_path, "llm.backend=hf", "eval.limit=2")
+    assert again["hits@1"] == first["hits@1"] and again["errors"] == first["errors"]
+
+
+def test_a_record_whose_prompt_changed_is_generated_again(tmp_path, scripted):
+    from cbr2.kopl.text import to_dag_text
+
+    scripted.script = staticmethod(lambda q: to_dag_text(q.program))
+    _, out = evaluate(tmp_path, "llm.backend=scripted", "eval.limit=5")
+    pred = out / "predictions.jsonl"
+    lines = pred.read_text().splitlines()
+    stale = json.loads(lines[3])
+    stale["prompt_hash"] = "0" * 64  # e.g. written before a prompt change (PROMPT_VERSION bump)
+    lines[3] = json.dumps(stale)
+    pred.write_text("\n".join(lines) + "\n")
+    scripted.calls = []
+    metrics, _ = evaluate(tmp_path, "llm.backend=scripted", "eval.limit=5")
+    assert scripted.calls == [stale["id"]] and metrics["n"] == 5 and metrics["hits@1"] == 1.0
+    assert len(pred.read_text().splitlines()) == 6  # appended; the newest record of a question wins

@@ -132,3 +132,10 @@ def test_per_category_sample_follows_the_literature_recipe():
     assert {q.qid for q in other} != {q.qid for q in picked}
     assert len(select_questions(bench, load_config(["eval.per_category=null"]))) == 450
     assert len(select_questions(bench, load_config(["eval.per_category=7", "eval.limit=10"]))) == 10
+
+
+def test_paper_yaml_holds_the_papers_setting():
+    cfg = load_config([], files=[CONFIG_DIR / "evaluate.yaml", CONFIG_DIR / "paper.yaml"])
+    r = cfg.retrieval
+    assert (r.k_ontology, r.k_facts, r.k_semantic, r.k_structural, r.encoder) == (10, 10, 5, 5, "BAAI/bge-m3")
+    assert (cfg.llm.backend, cfg.llm.temperature, cfg.eval.per_category, cfg.eval.sample_seed) == ("vllm", 0.0, 100, 123)
