@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--retrieval-only", action="store_true", help="retrieve and score retrieval, no LLM")
     mode.add_argument("--show-prompt", type=int, metavar="N",
                       help="print the exact prompt of question N (0-based) of the selection to stdout; no LLM")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may come between overrides
     # Logs go to stderr, so --show-prompt's stdout is the prompt and nothing else.
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:

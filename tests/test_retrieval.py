@@ -245,8 +245,10 @@ def test_schema_items_come_from_the_function_table():
 
 
 def _retrieval_run(tmp_path, root, name, *overrides):
+    # The whole split: a category-balanced sample would read the (tampered) gold programs'
+    # categories to choose its questions, which is the evaluation's design, not retrieval's.
     cfg = load_config([f"data.name={name}", f"data.root={root}", f"output_dir={tmp_path / name}",
-                       BACKBONE, *overrides])
+                       BACKBONE, "eval.per_category=null", *overrides])
     metrics = run_evaluation(cfg, retrieval_only=True)
     return metrics, (tmp_path / name / "retrieval.jsonl").read_text()
 
