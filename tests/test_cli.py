@@ -90,5 +90,5 @@ def test_show_prompt_prints_the_prompt_and_nothing_else(tmp_path):
 def test_unknown_ablation_lists_the_valid_ones(tmp_path):
     proc = _run("--ablation", "w/o_case", cwd=tmp_path)
     assert proc.returncode == 2 and "unknown ablation 'w/o_case'; valid: full, chain, w/o_reasoning_case" in proc.stderr
-    proc = _run("--show-prompt", "999", BACKBONE, cwd=tmp_path)
+    proc = _run("--show-prompt", "999", BACKBONE, "eval.per_category=3", cwd=tmp_path)
     assert proc.returncode == 2 and "the selection has 27 questions" in proc.stderr
