@@ -57,9 +57,15 @@ class Completion:
     completion_tokens: int | None = None
 
 
+def option(cfg: Any, key: str, default: Any = None) -> Any:
+    """``cfg.key`` of the llm section (a DictConfig or ``LLMConfig``); ``default`` when it is absent or null."""
+    value = getattr(cfg, key, default)
+    return default if value is None else value
+
+
 def stop_strings(cfg: Any) -> list[str]:
     """``cfg.stop`` as a plain list of non-empty strings (a ListConfig is not JSON/pickle friendly)."""
-    return [str(s) for s in (getattr(cfg, "stop", None) or []) if str(s)]
+    return [str(s) for s in (option(cfg, "stop") or []) if str(s)]
 
 
 def cut_at_stop(text: str, stop: Iterable[str]) -> str:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cbr2.llm.base import Completion, Prompt, apply_chat_template, cut_at_stop, decoding_identity, stop_strings
+from cbr2.llm.base import Completion, Prompt, apply_chat_template, cut_at_stop, decoding_identity, option, stop_strings
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +66,6 @@ MARKER = "cbr2-conversion.json"
 
 _PREFIX_MIN_TOKENS = 16
 """A shared prefix shorter than this is not worth a cache copy."""
-
-
-def _opt(cfg: Any, key: str, default: Any = None) -> Any:
-    """``cfg.key`` for a DictConfig or the dataclass, ``default`` when the key is absent."""
-    value = getattr(cfg, key, default)
-    return default if value is None and default is not None else value
 
 
 # --- the packaged model -------------------------------------------------------------------------
@@ -288,13 +282,13 @@ class HFBackend:
         self.lookup = lookup
         self.stop = stop_strings(cfg)
         self.reuse_prefix = reuse_prefix
-        self.max_new_tokens = int(_opt(cfg, "max_new_tokens", 160))
-        self.temperature = float(_opt(cfg, "temperature", 0.0))
-        self.top_p = float(_opt(cfg, "top_p", 1.0))
-        self.seed = int(_opt(cfg, "seed", 0))
-        self.batch_size = max(1, int(_opt(cfg, "batch_size", 1)))
+        self.max_new_tokens = int(option(cfg, "max_new_tokens", 160))
+        self.temperature = float(option(cfg, "temperature", 0.0))
+        self.top_p = float(option(cfg, "top_p", 1.0))
+        self.seed = int(option(cfg, "seed", 0))
+        self.batch_size = max(1, int(option(cfg, "batch_size", 1)))
         self.batched = self.batch_size > 1 if batched is None else batched
-        configured = _opt(cfg, "model")
+        configured = option(cfg, "model")
         self.gguf: Path | None = None
         if configured is None:
             self.gguf = packaged_gguf()
@@ -320,13 +314,13 @@ class HFBackend:
         if self._device is None:
             from cbr2.retrieval.encoders import pick_device
 
-            self._device = pick_device(str(_opt(self.cfg, "device", "auto")))
+            self._device = pick_device(str(option(self.cfg, "device", "auto")))
         return self._device
 
     @property
     def dtype_name(self) -> str:
         """``llm.dtype`` resolved: ``auto`` is float32 on CPU and bfloat16 on CUDA."""
-        dtype = str(_opt(self.cfg, "dtype", "auto"))
+        dtype = str(option(self.cfg, "dtype", "auto"))
         if dtype == "auto":
             return "float32" if self.device == "cpu" else "bfloat16"
         return dtype
@@ -335,7 +329,7 @@ class HFBackend:
     def uses_chat(self) -> bool:
         """``llm.chat`` when set; else plain text for the packaged model, and the chat template
         for any other model whose tokenizer has one (reads the tokenizer, not the weights)."""
-        chat = _opt(self.cfg, "chat")
+        chat = option(self.cfg, "chat")
         if chat is not None:
             return bool(chat)
         if self.gguf is not None:

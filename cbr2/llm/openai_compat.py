@@ -23,7 +23,7 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, as_co
 from typing import Any
 from urllib.parse import urlparse
 
-from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, stop_strings
+from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, option, stop_strings
 
 BASE_DELAY_S = 1.0
 """First backoff delay; doubles with every retry (tests make it small)."""
@@ -43,11 +43,6 @@ OFFICIAL_HOST = "api.openai.com"
 
 class LLMRequestError(RuntimeError):
     """A request that failed for good: a non-retryable 4xx, or still failing after all retries."""
-
-
-def _opt(cfg: Any, key: str, default: Any = None) -> Any:
-    """``cfg.key`` for a DictConfig or the dataclass, ``default`` when the key is absent."""
-    return getattr(cfg, key, default)
 
 
 def _host(base_url: str | None) -> str:
@@ -134,19 +129,19 @@ class OpenAIBackend:
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
-        model = _opt(cfg, "model")
+        model = option(cfg, "model")
         if not model:
             raise ValueError("llm.backend=openai needs llm.model: the model name the server serves "
                              "(e.g. llm.model=Qwen/Qwen3-8B for `vllm serve Qwen/Qwen3-8B`)")
         self.model = str(model)
-        self.base_url: str | None = _opt(cfg, "base_url") or None
+        self.base_url: str | None = option(cfg, "base_url") or None
         self.stop = stop_strings(cfg)
         self._client: Any = None
 
     @property
     def uses_chat(self) -> bool:
         """``llm.chat`` when set, else True (served models are instruction models)."""
-        chat = _opt(self.cfg, "chat")
+        chat = option(self.cfg, "chat")
         return True if chat is None else bool(chat)
 
     def identity(self) -> dict[str, Any]:
@@ -169,7 +164,7 @@ class OpenAIBackend:
         Raises:
             ValueError: If the variable is unset and the server is not local.
         """
-        env = str(_opt(self.cfg, "api_key_env", "OPENAI_API_KEY"))
+        env = str(option(self.cfg, "api_key_env", "OPENAI_API_KEY"))
         key = os.environ.get(env)
         if key:
             return key
@@ -185,19 +180,19 @@ class OpenAIBackend:
             key = self.api_key()
             from openai import OpenAI
 
-            self._client = OpenAI(api_key=key, base_url=self.base_url, timeout=float(_opt(self.cfg, "timeout_s", 120.0)),
+            self._client = OpenAI(api_key=key, base_url=self.base_url, timeout=float(option(self.cfg, "timeout_s", 120.0)),
                                   max_retries=0)
         return self._client
 
     def request_kwargs(self, prompt: Prompt) -> dict[str, Any]:
         """The arguments of ``chat.completions.create`` (chat mode) or ``completions.create`` for ``prompt``."""
-        temperature = float(_opt(self.cfg, "temperature", 0.0))
+        temperature = float(option(self.cfg, "temperature", 0.0))
         kwargs: dict[str, Any] = {
             "model": self.model,
             "temperature": temperature,
-            "top_p": float(_opt(self.cfg, "top_p", 1.0)) if temperature > 0 else 1.0,
-            "max_tokens": int(_opt(self.cfg, "max_new_tokens", 160)),
-            "seed": int(_opt(self.cfg, "seed", 0)),
+            "top_p": float(option(self.cfg, "top_p", 1.0)) if temperature > 0 else 1.0,
+            "max_tokens": int(option(self.cfg, "max_new_tokens", 160)),
+            "seed": int(option(self.cfg, "seed", 0)),
         }
         if self.stop:
             kwargs["stop"] = self.stop
@@ -235,7 +230,7 @@ class OpenAIBackend:
         """
         import openai
 
-        retries = int(_opt(self.cfg, "max_retries", 6))
+        retries = int(option(self.cfg, "max_retries", 6))
         attempt = 0
         while True:
             retry_after = None
@@ -249,7 +244,7 @@ class OpenAIBackend:
                 reason = f"HTTP {e.status_code}: {_server_text(e)}"
                 retry_after = retry_after_s(getattr(e.response, "headers", None))
             except openai.APITimeoutError as e:
-                error, reason = e, f"timed out after {_opt(self.cfg, 'timeout_s', 120.0)} s"
+                error, reason = e, f"timed out after {option(self.cfg, 'timeout_s', 120.0)} s"
             except openai.APIConnectionError as e:
                 error, reason = e, f"connection error: {e}"
             if attempt >= retries:
@@ -280,7 +275,7 @@ class OpenAIBackend:
         self.client()  # fail on a missing key before starting threads
         results: list[Completion | None] = [None] * len(prompts)
         first_error: Exception | None = None
-        pool = ThreadPoolExecutor(max_workers=max(1, int(_opt(self.cfg, "concurrency", 8))),
+        pool = ThreadPoolExecutor(max_workers=max(1, int(option(self.cfg, "concurrency", 8))),
                                   thread_name_prefix="cbr2-openai")
         try:
             futures: dict[Future, int] = {pool.submit(self._call, p): i for i, p in enumerate(prompts)}

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from cbr2.llm.base import Completion, Prompt, apply_chat_template, cut_at_stop, decoding_identity, stop_strings
+from cbr2.llm.base import Completion, Prompt, apply_chat_template, cut_at_stop, decoding_identity, option, stop_strings
 
 DEFAULT_MODEL = "Qwen/Qwen3-8B"
 """The model used when ``llm.model`` is unset."""
@@ -25,14 +25,9 @@ INSTALL_HINT = "install it with `pip install -e .[vllm]` on a GPU node (vLLM nee
 """What to do when ``import vllm`` fails."""
 
 
-def _opt(cfg: Any, key: str, default: Any = None) -> Any:
-    """``cfg.key`` for a DictConfig or the dataclass, ``default`` when the key is absent."""
-    return getattr(cfg, key, default)
-
-
 def model_name(cfg: Any) -> str:
     """The configured model, or ``DEFAULT_MODEL`` when ``llm.model`` is unset."""
-    return _opt(cfg, "model") or DEFAULT_MODEL
+    return option(cfg, "model") or DEFAULT_MODEL
 
 
 def engine_kwargs(cfg: Any) -> dict[str, Any]:
@@ -47,14 +42,14 @@ def engine_kwargs(cfg: Any) -> dict[str, Any]:
     """
     kwargs: dict[str, Any] = {
         "model": model_name(cfg),
-        "tensor_parallel_size": int(_opt(cfg, "tensor_parallel_size", 1)),
-        "gpu_memory_utilization": float(_opt(cfg, "gpu_memory_utilization", 0.9)),
-        "seed": int(_opt(cfg, "seed", 0)),
-        "dtype": str(_opt(cfg, "dtype", "auto")),
+        "tensor_parallel_size": int(option(cfg, "tensor_parallel_size", 1)),
+        "gpu_memory_utilization": float(option(cfg, "gpu_memory_utilization", 0.9)),
+        "seed": int(option(cfg, "seed", 0)),
+        "dtype": str(option(cfg, "dtype", "auto")),
         # Every prompt of a run shares the long system part: its KV blocks are computed once.
         "enable_prefix_caching": True,
     }
-    max_model_len = _opt(cfg, "max_model_len")
+    max_model_len = option(cfg, "max_model_len")
     if max_model_len is not None:
         kwargs["max_model_len"] = int(max_model_len)
     return kwargs
@@ -72,14 +67,14 @@ def sampling_kwargs(cfg: Any) -> dict[str, Any]:
     Returns:
         ``temperature``, ``top_p``, ``max_tokens``, ``stop`` and ``seed``.
     """
-    temperature = float(_opt(cfg, "temperature", 0.0))
+    temperature = float(option(cfg, "temperature", 0.0))
     greedy = temperature <= 0.0
     return {
         "temperature": 0.0 if greedy else temperature,
-        "top_p": 1.0 if greedy else float(_opt(cfg, "top_p", 1.0)),
-        "max_tokens": int(_opt(cfg, "max_new_tokens", 160)),
+        "top_p": 1.0 if greedy else float(option(cfg, "top_p", 1.0)),
+        "max_tokens": int(option(cfg, "max_new_tokens", 160)),
         "stop": stop_strings(cfg),
-        "seed": None if greedy else int(_opt(cfg, "seed", 0)),
+        "seed": None if greedy else int(option(cfg, "seed", 0)),
     }
 
 
@@ -145,7 +140,7 @@ class VLLMBackend:
     @property
     def uses_chat(self) -> bool:
         """``llm.chat`` when set, else True (the default model is an instruction model)."""
-        chat = _opt(self.cfg, "chat")
+        chat = option(self.cfg, "chat")
         return True if chat is None else bool(chat)
 
     def identity(self) -> dict[str, Any]:
