@@ -72,9 +72,11 @@ class CaseRetriever:
         self.seed = seed
         self._position = {q.qid: i for i, q in enumerate(self.pool)}
         self._indexes = {}
+        self.embeddings: dict[str, np.ndarray] = {}
+        """The pool's embeddings per view (the knowledge retriever reuses the semantic ones)."""
         texts = [q.question for q in self.pool]
         for view, (name, model) in encoders.items():
-            _, index = store.get("cases", texts, name, weights_fingerprint(model),
+            self.embeddings[view], index = store.get("cases", texts, name, weights_fingerprint(model),
                                  lambda t, m=model: encode(m, t, batch_size), index_kind)
             self._indexes[view] = to_device(index, device)
 

@@ -146,6 +146,21 @@ class Retriever:
         self._add_case_knowledge(out)
         return out
 
+    def _pool_semantic(self) -> np.ndarray:
+        """The pool's questions in the knowledge encoder's space, loaded once.
+
+        The semantic case view holds them already; without it they come from the cache (or
+        are computed and cached).
+        """
+        if self._pool_embeddings is None:
+            self._pool_embeddings = self.cases.embeddings.get("semantic")
+        if self._pool_embeddings is None:
+            name, model = self.encoders["semantic"]
+            self._pool_embeddings, _ = self.store.get(
+                "cases", [q.question for q in self.pool], name, weights_fingerprint(model),
+                lambda t: encode(model, t, self.cfg.batch_size), self.cfg.index)
+        return self._pool_embeddings
+
     def _add_case_knowledge(self, items: list[Retrieved]) -> None:
         """Give every case the knowledge its own question retrieves (memoised per pool question)."""
         if self.knowledge is None:
@@ -155,13 +170,7 @@ class Retriever:
         position = {q.qid: i for i, q in enumerate(self.pool)}
         missing = sorted({position[c.question.qid] for item in items for c in item.cases} - self._case_knowledge.keys())
         if missing:
-            if self._pool_embeddings is None:
-                name, model = self.encoders["semantic"]
-                # Already in the cache when the semantic view ran; computed (and cached) otherwise.
-                self._pool_embeddings, _ = self.store.get(
-                    "cases", [q.question for q in self.pool], name, weights_fingerprint(model),
-                    lambda t: encode(model, t, self.cfg.batch_size), self.cfg.index)
-            found = self.knowledge.retrieve(np.ascontiguousarray(self._pool_embeddings[missing]))
+            found = self.knowledge.retrieve(np.ascontiguousarray(self._pool_semantic()[missing]))
             self._case_knowledge.update(zip(missing, found, strict=True))
         for item in items:
             item.case_knowledge = [self._case_knowledge[position[c.question.qid]] for c in item.cases]
