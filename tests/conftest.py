@@ -108,3 +108,18 @@ def embedded(request):
     bench = Benchmark(request.param)
     splits = {s: bench.questions(s) for s in bench.family.splits}
     return bench, splits
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real single-node Slurm for the whole session, or a skip saying why it cannot run."""
+    from slurm_cluster import SlurmUnavailable, start_cluster
+
+    try:
+        cluster = start_cluster(tmp_path_factory.mktemp("slurm"))
+    except SlurmUnavailable as e:
+        pytest.skip(f"Slurm tier skipped: {e}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
