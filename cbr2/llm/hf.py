@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from cbr2.llm.base import Completion, Prompt, apply_chat_template, cut_at_stop, decoding_identity, option, stop_strings
+from cbr2.locks import build_lock
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,13 @@ def ensure_converted(gguf: str | Path, dest: str | Path | None = None,
     fingerprint = gguf_fingerprint(gguf)
     if is_converted(dest, fingerprint):
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    with build_lock(dest, f"the converted {gguf.name}"):
+        if not is_converted(dest, fingerprint):  # another job may have converted it meanwhile
+            _convert_into(gguf, dest, fingerprint, convert)
+    return dest
+
+
+def _convert_into(gguf: Path, dest: Path, fingerprint: str, convert: Callable[[Path, Path], None] | None) -> None:
     log.info("converting %s to a plain model folder %s (once; takes ~20-60 s)", gguf.name, dest)
     start = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
@@ -209,7 +216,6 @@ def ensure_converted(gguf: str | Path, dest: str | Path | None = None,
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     log.info("converted %s in %.1f s", gguf.name, time.perf_counter() - start)
-    return dest
 
 
 def _looks_local(name: str) -> bool:

@@ -4,8 +4,8 @@ An entry is a folder ``{label}-{key}`` holding ``embeddings.npy``, the index whe
 ``flat`` (a flat index is rebuilt from the embeddings in milliseconds) and ``meta.json``. The
 key hashes the encoder name, a fingerprint of its weights, the exact texts embedded and the
 cache format, so a fine-tuned encoder or a changed KB never reuses an entry. Entries are
-written to a temporary folder and renamed, so concurrent SLURM tasks building the same entry
-never see a half-written one; on load, sizes and checksums are verified and an entry that does
+written to a temporary folder and renamed, under a build lock, so concurrent SLURM tasks
+build an entry once and never see a half-written one; on load, sizes and checksums are verified and an entry that does
 not match is rebuilt, never used.
 """
 
@@ -23,6 +23,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from cbr2.locks import build_lock
 from cbr2.retrieval.index import build_index
 
 log = logging.getLogger(__name__)
@@ -81,9 +82,16 @@ class EmbeddingStore:
         key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:20]
         entry = self.root / f"{label}-{key}"
         loaded = self._load(entry, meta)
-        if loaded is not None:
-            log.info("cache hit: %s (%d %s)", entry, len(texts), label)
-            return loaded
+        if loaded is None:
+            with build_lock(entry, f"the {label} embeddings"):
+                loaded = self._load(entry, meta)  # built by another task while this one waited?
+                if loaded is None:
+                    return self._build(entry, meta, texts, label, encoder, embed, index_kind)
+        log.info("cache hit: %s (%d %s)", entry, len(texts), label)
+        return loaded
+
+    def _build(self, entry: Path, meta: dict, texts: Sequence[str], label: str, encoder: str,
+               embed: Callable[[Sequence[str]], np.ndarray], index_kind: str) -> tuple[np.ndarray, faiss.Index]:
         log.info("encoding %d %s with %s (cache: %s)", len(texts), label, encoder, entry)
         embeddings = np.ascontiguousarray(embed(texts), dtype=np.float32)
         if embeddings.shape[0] != len(texts):
