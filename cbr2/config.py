@@ -69,10 +69,12 @@ class LLMConfig:
     """``hf``: ``auto`` (CUDA when visible), ``cpu``, ``cuda``, ``cuda:1`` ..."""
     dtype: str = "auto"
     """``auto`` (bfloat16 on GPU, float32 on CPU), ``float32``, ``bfloat16``, ``float16``."""
-    tensor_parallel_size: int = 1
-    """``vllm``: GPUs one model is split across."""
-    gpu_memory_utilization: float = 0.9
-    """``vllm``: share of each GPU's memory the engine may take."""
+    tensor_parallel_size: int | None = None
+    """``vllm``: GPUs one model is split across; unset: every GPU of the allocation
+    (``$CUDA_VISIBLE_DEVICES``, which SLURM sets for ``--gpus``)."""
+    gpu_memory_utilization: float | None = None
+    """``vllm``: share of each GPU's memory the engine may take; unset: 0.9, or less when the
+    retrieval encoders already hold part of the GPU in this process."""
     max_model_len: int | None = None
     """``vllm``: context length to reserve (the model's own when unset)."""
     base_url: str | None = None
@@ -111,6 +113,11 @@ class EvalConfig:
     """Shuffle seed of the ``per_category`` sample."""
     timeout_s: float = 10.0
     """Per-program execution time limit in seconds."""
+    num_shards: int | None = None
+    """Split the selected questions into this many shards (question i goes to shard i mod N);
+    unset: ``$SLURM_ARRAY_TASK_COUNT`` in a job array, else 1. ``python -m cbr2.merge`` joins them."""
+    shard: int | None = None
+    """Which shard (0-based) this run evaluates; unset: the job-array task's position, else 0."""
 
 
 @dataclass
@@ -163,6 +170,8 @@ class WandbConfig:
     """W&B team or user; the account default when unset."""
     group: str | None = None
     """Groups runs (a sweep sets it)."""
+    name: str | None = None
+    """Run name; ``{data.name}-{llm.backend}-{ablation}`` when unset (a sweep names each task)."""
 
 
 @dataclass

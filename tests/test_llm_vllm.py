@@ -19,7 +19,17 @@ from cbr2.config import LLMConfig
 from cbr2.llm import backend_class
 from cbr2.llm import vllm as vllm_backend
 from cbr2.llm.base import Completion, Prompt, cut_at_stop
-from cbr2.llm.vllm import DEFAULT_MODEL, VLLMBackend, engine_kwargs, parse_outputs, sampling_kwargs
+from cbr2.llm.vllm import (
+    DEFAULT_MODEL,
+    MEMORY_HEADROOM,
+    MEMORY_SHARE,
+    VLLMBackend,
+    engine_kwargs,
+    memory_share,
+    parse_outputs,
+    sampling_kwargs,
+    tensor_parallel_size,
+)
 
 PROMPTS = [Prompt(qid=f"q{i}", system="SYSTEM PART", user=f"question {i}\nProgram:") for i in range(3)]
 
@@ -98,6 +108,21 @@ def test_engine_kwargs_from_config():
     # The dataclass works too; an unset context length is left to the model.
     kw = engine_kwargs(LLMConfig(backend="vllm", model="Qwen/Qwen3-0.6B"))
     assert kw["model"] == "Qwen/Qwen3-0.6B" and "max_model_len" not in kw and kw["enable_prefix_caching"] is True
+
+
+def test_unset_sizes_come_from_the_allocation():
+    assert [tensor_parallel_size(n) for n in (None, 0, 1, 2, 3, 4, 7, 8)] == [1, 1, 1, 2, 2, 4, 4, 8]
+    gib = 1 << 30
+    assert memory_share(None, None) == MEMORY_SHARE  # no CUDA facts: vLLM's own default
+    assert memory_share(80 * gib, 80 * gib) == MEMORY_SHARE  # a free GPU
+    assert memory_share(60 * gib, 80 * gib) == round(0.75 - MEMORY_HEADROOM, 3)  # encoders hold 20 GiB
+    assert memory_share(1 * gib, 80 * gib) == 0.05
+    kw = engine_kwargs(LLMConfig(backend="vllm"), gpus=4, free_bytes=60 * gib, total_bytes=80 * gib)
+    assert kw["tensor_parallel_size"] == 4 and kw["gpu_memory_utilization"] == round(0.75 - MEMORY_HEADROOM, 3)
+    # Values set in the config win over the allocation.
+    kw = engine_kwargs(_cfg(tensor_parallel_size=1, gpu_memory_utilization=0.5), gpus=4, free_bytes=gib,
+                       total_bytes=80 * gib)
+    assert kw["tensor_parallel_size"] == 1 and kw["gpu_memory_utilization"] == 0.5
 
 
 def test_sampling_kwargs_greedy_and_sampled():

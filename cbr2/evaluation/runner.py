@@ -56,11 +56,54 @@ def output_dir(cfg: DictConfig, bench: Benchmark, retrieval_only: bool = False, 
     ``-{ablation}`` appended (``w/o_act`` → ``hf-wo_act``) when an ablation is selected.
     """
     if cfg.output_dir:
-        return Path(cfg.output_dir)
-    leaf = "retrieval" if retrieval_only else cfg.llm.backend
-    if ablation and not retrieval_only:
-        leaf += "-" + ablation.replace("w/o_", "wo_")
-    return Path("outputs") / cfg.data.name / (cfg.data.split or bench.family.eval_split) / leaf
+        base = Path(cfg.output_dir)
+    else:
+        leaf = "retrieval" if retrieval_only else cfg.llm.backend
+        if ablation and not retrieval_only:
+            leaf += "-" + ablation.replace("w/o_", "wo_")
+        base = Path("outputs") / cfg.data.name / (cfg.data.split or bench.family.eval_split) / leaf
+    # Shards of one run sit side by side in its folder; `python -m cbr2.merge` fills the folder itself.
+    count = cfg.eval.num_shards or 1
+    return base / f"shard-{cfg.eval.shard}-of-{count}" if count > 1 else base
+
+
+def resolve_shard(cfg: DictConfig) -> None:
+    """Fill ``eval.num_shards`` and ``eval.shard``: as configured, else from the SLURM job array
+    (task position of ``$SLURM_ARRAY_TASK_COUNT``), else one shard.
+
+    Raises:
+        ValueError: On a shard outside ``[0, num_shards)`` or only one of the two set outside an array.
+    """
+    from cbr2.slurm import array_task
+
+    e = cfg.eval
+    if e.num_shards is None and e.shard is None:
+        e.shard, e.num_shards = array_task() or (0, 1)
+    elif e.shard is None:
+        task = array_task()
+        if e.num_shards > 1 and task is None:
+            raise ValueError(f"eval.num_shards={e.num_shards} needs eval.shard (0..{e.num_shards - 1}) outside a job array")
+        e.shard = task[0] if task and e.num_shards > 1 else 0
+    elif e.num_shards is None:
+        raise ValueError(f"eval.shard={e.shard} needs eval.num_shards")
+    if e.num_shards < 1 or not 0 <= e.shard < e.num_shards:
+        raise ValueError(f"eval.shard={e.shard} is not one of eval.num_shards={e.num_shards} shards (0..{e.num_shards - 1})")
+
+
+def shard_of(questions: Sequence[Question], shard: int, num_shards: int) -> list[Question]:
+    """Question i of the selection goes to shard ``i mod num_shards``: deterministic, and every
+    shard gets a near-equal share of each category of a balanced sample."""
+    return list(questions[shard::num_shards])
+
+
+def selection_sha256(questions: Sequence[Question]) -> str:
+    """SHA-256 of the question ids in order: what the evaluated questions were."""
+    return hashlib.sha256("\n".join(q.qid for q in questions).encode()).hexdigest()
+
+
+def run_title(bench_name: str, cfg: DictConfig, retrieval_only: bool, ablation: str | None) -> str:
+    """First heading of ``report.md``."""
+    return f"{bench_name} · {'retrieval' if retrieval_only else cfg.llm.backend}" + (f" · {ablation}" if ablation else "")
 
 
 def select_questions(bench: Benchmark, cfg: DictConfig) -> list[Question]:
@@ -153,17 +196,23 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
         The metrics (also written to ``metrics.json``).
     """
     bench = Benchmark(cfg.data.name, cfg.data.root)
-    questions = select_questions(bench, cfg)
+    resolve_shard(cfg)
+    selection = select_questions(bench, cfg)
+    questions = shard_of(selection, cfg.eval.shard, cfg.eval.num_shards)
     out = output_dir(cfg, bench, retrieval_only, ablation)
     _prepare(cfg, bench, retrieval_only)
     out.mkdir(parents=True, exist_ok=True)
     if not retrieval_only:
-        _check_resumable(out, cfg)
+        check_same_config(out, cfg)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
-    title = f"{bench.name} · {'retrieval' if retrieval_only else cfg.llm.backend}" + (f" · {ablation}" if ablation else "")
+    title = run_title(bench.name, cfg, retrieval_only, ablation)
     categories = KQAPRO_CATEGORIES if bench.family is KQAPRO else METAQA_CATEGORIES
     prov = {**provenance(cfg, bench), "ablation": ablation, "output_dir": str(out),
-            "question_ids_sha256": hashlib.sha256("\n".join(q.qid for q in questions).encode()).hexdigest()}
+            "question_ids_sha256": selection_sha256(questions)}
+    sharded = cfg.eval.num_shards > 1
+    if sharded:
+        prov["shard"] = {"index": cfg.eval.shard, "count": cfg.eval.num_shards, "selection_n": len(selection),
+                         "selection_sha256": selection_sha256(selection)}
 
     retrieval, retrieved = run_retrieval(cfg, bench, questions, out, extra_views=VIEWS if retrieval_only else ())
     if retrieval_only:
@@ -180,8 +229,17 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
     metrics["provenance"] = prov
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     write_report(out / "report.md", metrics, title=title)
-    log_evaluation(cfg.wandb, metrics, records, out, name=f"{bench.name}-{cfg.llm.backend}-{ablation or 'run'}")
+    if sharded:  # one W&B run per evaluation, not per shard: the merge logs it
+        log.info("shard %d of %d done; `python -m cbr2.merge` joins the shards and logs the run to W&B",
+                 cfg.eval.shard, cfg.eval.num_shards)
+    else:
+        log_evaluation(cfg.wandb, metrics, records, out, name=wandb_name(cfg, bench.name, ablation))
     return metrics
+
+
+def wandb_name(cfg: DictConfig, bench_name: str, ablation: str | None) -> str:
+    """``wandb.name``, else ``{benchmark}-{backend}-{ablation or 'run'}``."""
+    return cfg.wandb.name or f"{bench_name}-{cfg.llm.backend}-{ablation or 'run'}"
 
 
 def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Question], prompts: Sequence[Prompt],
@@ -318,7 +376,7 @@ def load_predictions(path: Path) -> dict[str, dict[str, Any]]:
     return records
 
 
-def _check_resumable(out: Path, cfg: DictConfig) -> None:
+def check_same_config(out: Path, cfg: DictConfig) -> None:
     """Refuse to mix predictions of different configurations in one folder."""
     old_path = out / "config.yaml"
     if not old_path.exists() or not (out / "predictions.jsonl").exists():

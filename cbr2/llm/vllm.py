@@ -13,10 +13,13 @@ without a GPU.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from cbr2.llm.base import Completion, Prompt, apply_chat_template, cut_at_stop, decoding_identity, option, stop_strings
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "Qwen/Qwen3-8B"
 """The model used when ``llm.model`` is unset."""
@@ -30,20 +33,65 @@ def model_name(cfg: Any) -> str:
     return option(cfg, "model") or DEFAULT_MODEL
 
 
-def engine_kwargs(cfg: Any) -> dict[str, Any]:
+MEMORY_SHARE = 0.9
+"""vLLM's own default share of GPU memory, used when nothing else holds the GPU."""
+MEMORY_HEADROOM = 0.03
+"""Share of a GPU left free beyond what is already in use (CUDA context, allocator slack)."""
+
+
+def tensor_parallel_size(gpus: int | None) -> int:
+    """GPUs to split the model across when ``llm.tensor_parallel_size`` is unset.
+
+    The largest power of two not above the visible GPUs: tensor parallelism must divide the
+    attention heads, and Qwen3's head counts (e.g. 8 KV heads) are powers of two, so 3 GPUs
+    give 2, not 3.
+    """
+    if not gpus or gpus < 1:
+        return 1
+    return 1 << (gpus.bit_length() - 1)
+
+
+def memory_share(free_bytes: int | None, total_bytes: int | None) -> float:
+    """``gpu_memory_utilization`` when it is unset: vLLM's 0.9, or less when part of the GPU is
+    already taken (the retrieval encoder and FAISS run in the same process before the engine
+    starts, and vLLM refuses to start when the share it asks for is not free)."""
+    if not free_bytes or not total_bytes:
+        return MEMORY_SHARE
+    return round(max(0.05, min(MEMORY_SHARE, free_bytes / total_bytes - MEMORY_HEADROOM)), 3)
+
+
+def _gpu_facts() -> tuple[int | None, int | None, int | None]:
+    """(visible GPUs, free bytes, total bytes) of this process's first GPU; Nones without CUDA."""
+    import torch  # present wherever vLLM is
+
+    from cbr2.slurm import visible_gpus
+
+    if not torch.cuda.is_available():
+        return visible_gpus(), None, None
+    free, total = torch.cuda.mem_get_info()
+    return visible_gpus() or torch.cuda.device_count(), free, total
+
+
+def engine_kwargs(cfg: Any, gpus: int | None = None, free_bytes: int | None = None,
+                  total_bytes: int | None = None) -> dict[str, Any]:
     """Keyword arguments of ``vllm.LLM(...)`` for the llm config section.
 
     Args:
         cfg: The ``llm`` config section (DictConfig or ``LLMConfig``).
+        gpus: GPUs of the allocation (sizes an unset ``tensor_parallel_size``).
+        free_bytes: Free memory of the first GPU now (sizes an unset ``gpu_memory_utilization``).
+        total_bytes: Its total memory.
 
     Returns:
         ``model``, ``tensor_parallel_size``, ``gpu_memory_utilization``, ``seed``, ``dtype``,
         ``enable_prefix_caching`` and, when set, ``max_model_len``.
     """
+    tp = option(cfg, "tensor_parallel_size")
+    share = option(cfg, "gpu_memory_utilization")
     kwargs: dict[str, Any] = {
         "model": model_name(cfg),
-        "tensor_parallel_size": int(option(cfg, "tensor_parallel_size", 1)),
-        "gpu_memory_utilization": float(option(cfg, "gpu_memory_utilization", 0.9)),
+        "tensor_parallel_size": int(tp) if tp is not None else tensor_parallel_size(gpus),
+        "gpu_memory_utilization": float(share) if share is not None else memory_share(free_bytes, total_bytes),
         "seed": int(option(cfg, "seed", 0)),
         "dtype": str(option(cfg, "dtype", "auto")),
         # Every prompt of a run shares the long system part: its KV blocks are computed once.
@@ -163,7 +211,10 @@ class VLLMBackend:
         """The ``vllm.LLM``, built (weights loaded) on first use."""
         if self._llm is None:
             vllm = _import_vllm()
-            self._llm = vllm.LLM(**engine_kwargs(self.cfg))
+            kwargs = engine_kwargs(self.cfg, *_gpu_facts())
+            log.info("vLLM engine: %s on %d GPU(s), %.0f%% of GPU memory", kwargs["model"],
+                     kwargs["tensor_parallel_size"], 100 * kwargs["gpu_memory_utilization"])
+            self._llm = vllm.LLM(**kwargs)
         return self._llm
 
     def generate(self, prompts: Sequence[Prompt],

@@ -20,6 +20,8 @@ INDEX_KINDS = ("flat", "hnsw", "ivf")
 HNSW_NEIGHBOURS = 32
 HNSW_EF_SEARCH = 128
 IVF_NPROBE = 16
+QUERY_CHUNK = 16
+"""Queries per FAISS call (below FAISS's BLAS threshold, see ``search``)."""
 
 
 def gpu_available() -> bool:
@@ -78,5 +80,10 @@ def search(index: faiss.Index, queries: np.ndarray, k: int) -> tuple[np.ndarray,
     k = min(k, index.ntotal)
     if k <= 0 or len(queries) == 0:
         return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
-    scores, ids = index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
-    return scores, ids
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    # FAISS switches from a per-query kernel to one BLAS product at `distance_compute_blas_threshold`
+    # queries, and the two round differently: chunks below it keep each query's scores (and so
+    # near-tie order) independent of the other queries searched with it, still in parallel.
+    step = max(1, min(QUERY_CHUNK, faiss.cvar.distance_compute_blas_threshold - 1))
+    parts = [index.search(queries[i: i + step], k) for i in range(0, len(queries), step)]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])

@@ -133,7 +133,10 @@ class Retriever:
 
     def retrieve(self, queries: Sequence[Query]) -> list[Retrieved]:
         """Knowledge, cases and per-view rankings for each query."""
-        embeddings = {view: encode(model, [q.text for q in queries], self.cfg.batch_size, progress=False)
+        # One question per forward pass: padded batches change the last bits of an embedding
+        # with its batch-mates, which can swap near-tied cases, so a question's prompt would
+        # depend on which other questions are evaluated with it (eval.limit, shards).
+        embeddings = {view: encode(model, [q.text for q in queries], 1, progress=False)
                       for view, (_, model) in self.encoders.items()}
         knowledge = (self.knowledge.retrieve(embeddings["semantic"]) if self.knowledge
                      else [Knowledge()] * len(queries))
@@ -208,10 +211,15 @@ def resolve_structural(cfg: DictConfig, bench: Benchmark) -> str:
         root = f" data.root={cfg.data.root}" if cfg.data.root and train_on == cfg.data.name else " data.root=DIR"
         raise ValueError(f"no structural retriever for {cfg.data.name} in {where}/; train one with "
                          f"`python train.py data.name={train_on}{root}` or set structural.checkpoint=PATH")
+    from cbr2.locks import build_lock
     from cbr2.structural.train import train
 
-    log.warning("no structural retriever for %s in %s/; training one now (python train.py data.name=%s)",
-                cfg.data.name, where, train_on)
-    train_cfg = load_config([f"data.name={train_on}", f"structural.checkpoints_dir={where}"],
-                            files=[CONFIG_DIR / "train.yaml"], schema=TrainConfig)
-    return str(train(train_cfg)["checkpoint"])
+    with build_lock(where / f"structural-{train_on}", f"the {train_on} structural retriever"):
+        found = find_checkpoint(where, train_on)  # trained by another job while this one waited?
+        if found is not None:
+            return str(found)
+        log.warning("no structural retriever for %s in %s/; training one now (python train.py data.name=%s)",
+                    cfg.data.name, where, train_on)
+        train_cfg = load_config([f"data.name={train_on}", f"structural.checkpoints_dir={where}"],
+                                files=[CONFIG_DIR / "train.yaml"], schema=TrainConfig)
+        return str(train(train_cfg)["checkpoint"])

@@ -1,0 +1,264 @@
+"""Join the shards of one evaluation into the result an unsharded run would have written.
+
+    python -m cbr2.merge outputs/kqapro/val/vllm/shard-*-of-8 --out outputs/kqapro/val/vllm
+
+``python evaluate.py eval.num_shards=N eval.shard=I`` (or a SLURM job array, which sets both)
+evaluates question i of the selection in shard ``i mod N``. The merge rebuilds the selection
+from the shards' shared config, checks that every question was answered by exactly one
+finished shard, and writes ``predictions.jsonl`` (in selection order), ``retrieval.jsonl``,
+``metrics.json``, ``report.md`` and ``config.yaml`` as the unsharded run would: the metrics
+are computed from the joined records by the same code, so they are equal, not averaged.
+Only timings and provenance (where and how it ran) differ. It refuses shards of different
+configs, missing or duplicated shards, and shards whose questions do not match the selection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from cbr2.data.benchmarks import KQAPRO, Benchmark
+from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES
+from cbr2.evaluation.metrics import compute_metrics
+from cbr2.evaluation.report import write_report
+from cbr2.evaluation.runner import (
+    check_same_config,
+    generation_stats,
+    load_predictions,
+    run_title,
+    select_questions,
+    selection_sha256,
+    shard_of,
+    wandb_name,
+)
+from cbr2.tracking import log_evaluation
+
+log = logging.getLogger(__name__)
+
+
+class Shard:
+    """One finished shard folder: its config, metrics and shard position.
+
+    Raises:
+        ValueError: When the folder is not a finished shard (naming the file that is missing).
+    """
+
+    def __init__(self, folder: str | Path):
+        self.dir = Path(folder)
+        for name in ("config.yaml", "metrics.json"):
+            if not (self.dir / name).is_file():
+                hint = " (the shard has not finished: rerun it, it resumes)" if name == "metrics.json" else ""
+                raise ValueError(f"{self.dir}: no {name}{hint}")
+        self.cfg: DictConfig = OmegaConf.load(self.dir / "config.yaml")
+        self.metrics: dict[str, Any] = json.loads((self.dir / "metrics.json").read_text(encoding="utf-8"))
+        self.info: dict[str, Any] | None = self.metrics.get("provenance", {}).get("shard")
+        if self.info is None:
+            raise ValueError(f"{self.dir}: not a shard (its metrics.json has no provenance.shard); "
+                             "it is a whole run already")
+        self.index: int = self.info["index"]
+        self.count: int = self.info["count"]
+        self.retrieval_only = "hits@1" not in self.metrics
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): node}
+
+
+def unsharded_config(cfg: DictConfig) -> DictConfig:
+    """The config of the same evaluation run as one shard (what ``config.yaml`` of an unsharded run holds)."""
+    whole = OmegaConf.create(OmegaConf.to_container(cfg))
+    whole.eval.num_shards, whole.eval.shard = 1, 0
+    return whole
+
+
+WHERE_KEYS = ("output_dir", "wandb.")
+"""Config keys that say where a shard wrote and logged, not what it computed: may differ."""
+
+
+def check_shards(shards: list[Shard]) -> list[Shard]:
+    """The shards in index order, after checking they form exactly one evaluation.
+
+    Raises:
+        ValueError: On shards of different configs (naming the keys that differ), a shard
+            given twice, or missing shards.
+    """
+    if not shards:
+        raise ValueError("no shard folders given")
+    first = shards[0]
+    reference = _flat(OmegaConf.to_container(unsharded_config(first.cfg)))
+    for s in shards[1:]:
+        other = _flat(OmegaConf.to_container(unsharded_config(s.cfg)))
+        diff = sorted(k for k in reference.keys() | other.keys()
+                      if reference.get(k) != other.get(k) and not k.startswith(WHERE_KEYS))
+        ablations = {first.metrics["provenance"].get("ablation"), s.metrics["provenance"].get("ablation")}
+        if diff or len(ablations) > 1 or s.retrieval_only != first.retrieval_only:
+            what = ", ".join(diff) or "the ablation or run kind"
+            raise ValueError(f"{s.dir} and {first.dir} are shards of different configurations ({what} differ)")
+    counts = Counter(s.index for s in shards)
+    twice = sorted(i for i, c in counts.items() if c > 1)
+    if twice:
+        dirs = [str(s.dir) for s in shards if s.index in twice]
+        raise ValueError(f"shard(s) {twice} given more than once: {', '.join(dirs)}")
+    missing = sorted(set(range(first.count)) - set(counts))
+    if missing:
+        raise ValueError(f"missing shard(s) {missing} of {first.count}; run them (eval.shard=I) before merging")
+    return sorted(shards, key=lambda s: s.index)
+
+
+def merge_retrieval(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``retrieval`` block of the whole run from those of its shards.
+
+    Every rate in the block is a count divided by a count (hits over questions, found schema
+    items over items), so each shard's count is recovered exactly as ``round(rate * n)`` and
+    the merged rate is the same division an unsharded run does: equal to the last bit.
+    """
+    n = sum(b["n"] for b in blocks)
+    merged: dict[str, Any] = {"n": n, "cases": {}}
+    for view, ranks in blocks[0]["cases"].items():
+        merged["cases"][view] = {
+            key: (sum(round(b["cases"][view][key] * b["n"]) for b in blocks) / n if n else 0.0) for key in ranks}
+    if "knowledge" in blocks[0]:
+        items = sum(b["knowledge"]["items"] for b in blocks)
+        merged["knowledge"] = {
+            key: (sum(round(b["knowledge"][key] * b["knowledge"]["items"]) for b in blocks) / items if items else 0.0)
+            for key in ("recall", "recall_ontology", "recall_facts")}
+        merged["knowledge"]["items"] = items
+    seconds = [b.get("seconds_per_question") for b in blocks]
+    if all(s is not None for s in seconds):
+        merged["seconds_per_question"] = sum(s * b["n"] for s, b in zip(seconds, blocks, strict=True)) / max(1, n)
+    encoders = [b.get("encoders") for b in blocks]
+    if any(e != encoders[0] for e in encoders):
+        raise ValueError(f"shards retrieved with different encoders: {encoders}")
+    merged["encoders"] = encoders[0]
+    return merged
+
+
+def _write(path: Path, text: str) -> None:
+    # Written beside and renamed: an interrupted merge never leaves a half file that looks whole.
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
+    """Join shard folders into one run folder ``out``.
+
+    Args:
+        shard_dirs: Every shard folder of one evaluation (any order).
+        out: The run folder to write (created; may be the shards' parent).
+
+    Returns:
+        The merged metrics (also written to ``out/metrics.json``).
+
+    Raises:
+        ValueError: As ``check_shards``, or when a shard's questions are not its share of the
+            selection (the data changed, or questions are missing or duplicated).
+    """
+    shards = check_shards([Shard(d) for d in shard_dirs])
+    first = shards[0]
+    cfg = unsharded_config(first.cfg)
+    bench = Benchmark(cfg.data.name, cfg.data.root)
+    selection = select_questions(bench, cfg)
+    if selection_sha256(selection) != first.info["selection_sha256"]:
+        raise ValueError(f"the selection of {cfg.data.name} ({len(selection)} questions) is not the one the shards "
+                         f"evaluated ({first.info['selection_n']}): the data changed since they ran")
+    by_id: dict[str, dict[str, Any]] = {}
+    retrieval_lines: dict[str, str] = {}
+    for s in shards:
+        expected = shard_of(selection, s.index, s.count)
+        if s.metrics["provenance"].get("question_ids_sha256") != selection_sha256(expected):
+            raise ValueError(f"{s.dir}: its questions are not shard {s.index} of {s.count} of this selection")
+        if not s.retrieval_only:
+            records = load_predictions(s.dir / "predictions.jsonl")
+            wanted = {q.qid for q in expected}
+            missing = [q.qid for q in expected if q.qid not in records]
+            foreign = sorted(set(records) - wanted)
+            if missing:
+                raise ValueError(f"{s.dir}: {len(missing)} question(s) have no prediction, e.g. {missing[:3]}")
+            if foreign:
+                raise ValueError(f"{s.dir}/predictions.jsonl holds {len(foreign)} question(s) of other shards or "
+                                 f"selections, e.g. {foreign[:3]}: they would be counted twice")
+            by_id.update({qid: records[qid] for qid in wanted})
+        path = s.dir / "retrieval.jsonl"
+        if path.is_file():
+            for line in path.read_text(encoding="utf-8").split("\n"):
+                if line:
+                    retrieval_lines[json.loads(line)["id"]] = line
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not first.retrieval_only:
+        check_same_config(out, cfg)
+    ablation = first.metrics["provenance"].get("ablation")
+    categories = KQAPRO_CATEGORIES if bench.family is KQAPRO else METAQA_CATEGORIES
+    prov = {k: v for k, v in first.metrics["provenance"].items() if k != "shard"}
+    prov.update(config=OmegaConf.to_container(cfg), output_dir=str(out), question_ids_sha256=selection_sha256(selection),
+                command=" ".join(sys.argv), merged_from=[str(s.dir) for s in shards])
+    blocks = [s.metrics["retrieval"] for s in shards if s.metrics.get("retrieval")]
+    retrieval = merge_retrieval(blocks) if len(blocks) == len(shards) else None
+
+    if first.retrieval_only:
+        metrics: dict[str, Any] = {"n": len(selection), "retrieval": retrieval, "provenance": prov}
+        records = []
+    else:
+        records = [by_id[q.qid] for q in selection]
+        _write(out / "predictions.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        metrics = compute_metrics(records, categories)
+        metrics["generation"] = generation_stats(records)
+        if retrieval is not None:
+            metrics["retrieval"] = retrieval
+        metrics["provenance"] = prov
+    if len(retrieval_lines) == len(selection):
+        _write(out / "retrieval.jsonl", "".join(retrieval_lines[q.qid] + "\n" for q in selection))
+    _write(out / "config.yaml", OmegaConf.to_yaml(cfg))
+    _write(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+    write_report(out / "report.md", metrics, title=run_title(bench.name, cfg, first.retrieval_only, ablation))
+    if not first.retrieval_only:
+        log_evaluation(cfg.wandb, metrics, records, out, name=wandb_name(cfg, bench.name, ablation))
+    log.info("merged %d shards (%d questions) into %s", len(shards), len(selection), out)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m cbr2.merge SHARD_DIR... --out DIR``."""
+    parser = argparse.ArgumentParser(prog="python -m cbr2.merge", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("shards", nargs="+", metavar="SHARD_DIR", help="every shard folder of one evaluation")
+    parser.add_argument("--out", metavar="DIR",
+                        help="the run folder to write; default: the shards' common parent folder")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    out = args.out
+    if out is None:
+        parents = {Path(d).resolve().parent for d in args.shards}
+        if len(parents) != 1:
+            print("error: the shards are in different folders; give --out DIR", file=sys.stderr)
+            return 2
+        out = parents.pop()
+    try:
+        metrics = merge(args.shards, out)
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if "hits@1" in metrics:
+        print(f"Hits@1 {metrics['hits@1']:.4f}  SER {metrics['ser']:.4f}  n={metrics['n']}  -> {out}")
+    else:
+        print(f"retrieval of n={metrics['n']} questions -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
