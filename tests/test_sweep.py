@@ -1,0 +1,80 @@
+"""Sweeps: the grid, the submission, and a whole sweep run here without SLURM (--local)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cbr2.config import ConfigError
+from cbr2.sweep import Sweep, expand_grid, main, split_values
+
+BASE = ["llm.backend=gold", "eval.per_category=null", "eval.limit=6", "wandb.mode=disabled",
+        "structural.checkpoint=sentence-transformers/all-MiniLM-L6-v2"]
+
+
+def test_grid_values_and_run_names():
+    assert split_values("0,1,2") == ["0", "1", "2"]
+    assert split_values('["a","b"],[c,d],x') == ['["a","b"]', "[c,d]", "x"]
+    runs = expand_grid(["full", "w/o_act"], ["llm.seed=0,1", "llm.model=Qwen/Qwen3-8B"])
+    assert [r.name for r in runs] == ["full__llm.seed=0__llm.model=Qwen-Qwen3-8B",
+                                      "full__llm.seed=1__llm.model=Qwen-Qwen3-8B",
+                                      "wo_act__llm.seed=0__llm.model=Qwen-Qwen3-8B",
+                                      "wo_act__llm.seed=1__llm.model=Qwen-Qwen3-8B"]
+    assert runs[3].ablation == "w/o_act" and runs[3].overrides == ["llm.seed=1", "llm.model=Qwen/Qwen3-8B"]
+    with pytest.raises(ConfigError, match="KEY=V1"):
+        expand_grid([None], ["llm.seed"])
+    with pytest.raises(ConfigError, match="given twice"):
+        expand_grid([None], ["llm.seed=0", "llm.seed=1"])
+
+
+def test_dry_run_writes_the_sweep_and_prints_one_array(tmp_path, capsys):
+    code = main(["submit", "--dry-run", "--dir", str(tmp_path), "--name", "s", "--ablations", "all",
+                 "--grid", "llm.seed=0,1", "--shards", "2", "--parallel", "4", "--sbatch", "--gpus=1 -p gpu", *BASE])
+    assert code == 0
+    array, final = capsys.readouterr().out.strip().splitlines()
+    assert array.startswith("sbatch --array=0-31%4 --job-name=cbr2-sweep-s") and "--gpus=1 -p gpu" in array
+    assert array.endswith(f"slurm/sweep.sbatch task {tmp_path / 's'}")
+    assert "--dependency=afterany:" in final and final.endswith(f"finalize {tmp_path / 's'}")
+    sweep = Sweep.load(tmp_path / "s")
+    assert sweep.tasks == 32 and len(sweep.runs) == 16
+    run, shard = sweep.task(3)  # task t: run t // shards, shard t % shards
+    assert (run.name, shard) == ("full__llm.seed=1", 1)
+    cfg = sweep.config(run, shard)
+    assert (cfg.eval.num_shards, cfg.eval.shard, cfg.llm.seed, cfg.wandb.group) == (2, 1, 1, "s")
+    assert cfg.output_dir == str(tmp_path / "s" / "runs" / "full__llm.seed=1")
+
+
+def test_a_bad_key_fails_before_anything_is_submitted(tmp_path, capsys):
+    assert main(["submit", "--dry-run", "--dir", str(tmp_path), "--name", "s", "--grid", "eval.limt=1,2"]) == 2
+    assert "unknown key 'eval.limt'" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
+    assert main(["submit", "--dry-run", "--dir", str(tmp_path), "--ablations", "w/o_cases"]) == 2
+    assert "unknown ablation 'w/o_cases'" in capsys.readouterr().err
+
+
+def test_a_local_sweep_merges_shards_and_tabulates(tmp_path, capsys):
+    code = main(["submit", "--local", "--dir", str(tmp_path), "--name", "s", "--ablations", "full,w/o_knowledge",
+                 "--shards", "2", *BASE])
+    assert code == 0
+    summary = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert summary["states"]["done"] == 4 and summary["finished_runs"] == ["full", "wo_knowledge"]
+    for run in ("full", "wo_knowledge"):
+        metrics = json.loads((tmp_path / "s" / "runs" / run / "metrics.json").read_text())
+        assert metrics["n"] == 6 and metrics["hits@1"] == 1.0
+    table = (tmp_path / "s" / "report" / "ablation.md").read_text()
+    assert "| Full CBR² |" in table and "-w/o knowledge" in table
+    assert "2 of 2 runs" in capsys.readouterr().out
+
+
+def test_a_failed_task_is_recorded_and_the_others_finish(tmp_path, capsys):
+    code = main(["submit", "--local", "--dir", str(tmp_path), "--name", "s", "--grid", "data.split=val,nosuchsplit",
+                 *BASE])
+    assert code == 1
+    summary = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert summary["finished_runs"] == ["run__data.split=val"]
+    assert summary["incomplete_runs"] == ["run__data.split=nosuchsplit"]
+    assert summary["failed"][0]["task"] == 1 and "nosuchsplit" in summary["failed"][0]["error"]
+    assert main(["status", str(tmp_path / "s")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any("failed" in line and "nosuchsplit" in line for line in lines)
