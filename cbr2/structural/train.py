@@ -1,8 +1,13 @@
 """``python train.py``: fine-tune, validate and export the structural retriever.
 
 A run's id hashes what determines its result (``data``, ``structural``, ``seed``), so the
-same command reuses the same run folder and resumes from its ``last.ckpt``; ``trainer.*``
+same command reuses the same run folder and resumes from its newest checkpoint; ``trainer.*``
 (devices, precision, step limits) can change between attempts.
+
+Under SLURM (``slurm/train.sbatch``) Lightning's ``SLURMEnvironment`` does the distribution: one
+DDP process per task, sized here from the allocation. Before the time limit SLURM sends SIGUSR1;
+Lightning then saves ``hpc_ckpt_N.ckpt`` into the run folder and requeues the job, whose next
+start resumes from that file.
 """
 
 from __future__ import annotations
@@ -11,16 +16,22 @@ import hashlib
 import inspect
 import json
 import logging
+import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import lightning as L
 import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger
 from omegaconf import DictConfig, OmegaConf
 
+from cbr2 import slurm
 from cbr2.config import ConfigError, git_hash
 from cbr2.structural.checkpoints import export_checkpoint
 from cbr2.structural.data import PairDataModule
@@ -32,6 +43,8 @@ log = logging.getLogger(__name__)
 MONITOR = "val/sketch_hit@5"
 """The metric that picks the best checkpoint."""
 _RESERVED = ("logger", "callbacks", "default_root_dir")  # train() sets these Trainer arguments itself
+_HPC_CKPT = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
+"""What Lightning names the checkpoint it saves on SLURM's requeue signal (in ``default_root_dir``)."""
 
 
 def run_id(cfg: DictConfig) -> str:
@@ -54,6 +67,72 @@ def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
     return kwargs
 
 
+def slurm_sizing(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``lightning.Trainer`` arguments with ``devices`` and ``num_nodes`` taken from the SLURM job.
+
+    In a job that Lightning manages (``SLURMEnvironment``: started with ``srun``, not named
+    ``bash`` or ``interactive``), Lightning runs one DDP process per SLURM task and rejects a
+    ``devices`` other than ``--ntasks-per-node`` or a ``num_nodes`` other than the job's node
+    count. So ``devices: auto`` becomes the former and an unset ``num_nodes`` the latter; values
+    given explicitly are kept (Lightning names a mismatch). Anywhere else nothing changes.
+
+    Args:
+        kwargs: The ``trainer.*`` keyword arguments.
+
+    Returns:
+        A new dict when something was filled in, else ``kwargs`` itself.
+    """
+    if not slurm.in_job():
+        return kwargs
+    if not SLURMEnvironment.detect():
+        log.info("SLURM job not managed by Lightning (no srun, or an interactive job name): "
+                 "trainer.devices and trainer.num_nodes stay as configured")
+        return kwargs
+    sized = dict(kwargs)
+    tasks, nodes = slurm.tasks_per_node(), slurm.num_nodes()
+    if sized.get("devices", "auto") == "auto" and tasks is not None:
+        sized["devices"] = tasks
+    if sized.get("num_nodes") is None and nodes is not None:
+        sized["num_nodes"] = nodes
+    log.info("SLURM job of %s node(s) x %s task(s) per node (visible GPUs: %s): trainer.num_nodes=%s, "
+             "trainer.devices=%s", nodes, tasks, slurm.visible_gpus(), sized.get("num_nodes", 1),
+             sized.get("devices", "auto"))
+    return sized
+
+
+def resume_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint a new attempt of the run in ``run_dir`` starts from, or None.
+
+    Two kinds compete: ``checkpoints/last.ckpt`` (saved at validations and when fitting ends) and
+    the ``hpc_ckpt_N.ckpt`` Lightning saves on SLURM's requeue signal (the highest N is its
+    latest). The newer file holds the later state; an HPC file wins a tie (it was written on the
+    job's way out). Passing the choice to ``fit`` replaces Lightning's own lookup, which under SLURM
+    would load the HPC file even when ``last.ckpt`` is newer.
+    """
+    candidates: list[tuple[int, bool, Path]] = []  # (mtime, is HPC, path): max() is the newest
+    last = run_dir / "checkpoints" / "last.ckpt"
+    if last.is_file():
+        candidates.append((last.stat().st_mtime_ns, False, last))
+    numbered = [(int(m.group(1)), p) for p in run_dir.glob("hpc_ckpt_*.ckpt")
+                if (m := _HPC_CKPT.fullmatch(p.name)) and p.is_file()]
+    if numbered:
+        hpc = max(numbered)[1]
+        candidates.append((hpc.stat().st_mtime_ns, True, hpc))
+    return max(candidates)[2] if candidates else None
+
+
+@contextmanager
+def _own_weights() -> Iterator[None]:
+    """Make ``trainer.validate(module)`` validate the module's weights as they are.
+
+    In a SLURM job, Lightning's validate without ``ckpt_path`` loads the run folder's newest
+    ``hpc_ckpt_N.ckpt`` into the module: the baseline would not be the untrained backbone and
+    the validation after fitting not the weights fitting ended with (a stale requeue state).
+    """
+    with mock.patch.object(SLURMEnvironment, "detect", return_value=False):
+        yield
+
+
 def _loggers(cfg: DictConfig, out: Path, rid: str) -> list[Logger]:
     config = OmegaConf.to_container(cfg, resolve=True)
     loggers: list[Logger] = [CSVLogger(out, name="logs")]
@@ -64,7 +143,8 @@ def _loggers(cfg: DictConfig, out: Path, rid: str) -> list[Logger]:
     if mode != "disabled":
         from lightning.pytorch.loggers import WandbLogger  # imports wandb
 
-        loggers.append(WandbLogger(name=f"structural-{cfg.data.name}-{rid}", save_dir=str(out), mode=mode,
+        name = cfg.wandb.name or f"structural-{cfg.data.name}-{rid}"
+        loggers.append(WandbLogger(name=name, save_dir=str(out), mode=mode,
                                    project=cfg.wandb.project, entity=cfg.wandb.entity, group=cfg.wandb.group))
     for logger in loggers:
         logger.log_hyperparams(config)
@@ -79,7 +159,8 @@ def _baseline(trainer: L.Trainer, module: StructuralRetriever, dm: PairDataModul
         saved = json.loads(cached.read_text(encoding="utf-8"))
         if saved.get("run_id") == rid:
             return saved["metrics"]
-    trainer.validate(module, datamodule=dm, verbose=False)
+    with _own_weights():
+        trainer.validate(module, datamodule=dm, verbose=False)
     metrics = dict(module.val_metrics)
     if trainer.is_global_zero:
         cached.write_text(json.dumps({"run_id": rid, "metrics": metrics}, indent=2) + "\n", encoding="utf-8")
@@ -90,18 +171,20 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     """Train the structural retriever and export its best checkpoint.
 
     Validates the untrained backbone first (the baseline), fits with
-    ``lightning.Trainer(**cfg.trainer)`` (resuming from the run's ``last.ckpt`` when one
-    exists), then exports the weights with the best ``val/sketch_hit@5``. Only global rank
-    zero exports.
+    ``lightning.Trainer(**cfg.trainer)`` (in a SLURM job sized by ``slurm_sizing``; resuming
+    from the newer of the run's ``last.ckpt`` and SLURM requeue checkpoint, see
+    ``resume_checkpoint``), then exports the weights with the best ``val/sketch_hit@5``. Only
+    global rank zero exports.
 
     Args:
         cfg: A ``TrainConfig`` (see ``configs/train.yaml``).
 
     Returns:
         ``checkpoint`` (the exported folder; None on other ranks), ``best`` and ``baseline``
-        (validation metrics), ``run_id``, ``run_dir``, ``resumed_from`` (or None), ``steps``
-        (optimiser steps so far), ``elapsed_s`` (this call's wall time) and ``pairs_per_s``
-        (training pairs per second of training steps in this call, all ranks together).
+        (validation metrics), ``run_id``, ``run_dir``, ``resumed_from`` (the checkpoint fitting
+        started from, or None), ``steps`` (optimiser steps so far), ``elapsed_s`` (this call's
+        wall time) and ``pairs_per_s`` (training pairs per second of training steps in this
+        call, all ranks together).
 
     Raises:
         ConfigError: On an unknown ``trainer.*`` key, a reserved one, or a bad ``wandb.mode``.
@@ -116,7 +199,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                         pairs_per_epoch=s.pairs_per_epoch, val_pairs=s.val_pairs, holdout=s.holdout,
                         batch_size=s.batch_size, seed=cfg.seed)
     dm.setup("fit")  # fail on bad data before any model is loaded
-    kwargs = _trainer_kwargs(cfg)
+    kwargs = slurm_sizing(_trainer_kwargs(cfg))
     # Before any logger starts a W&B run: a backbone that cannot load fails here.
     module = StructuralRetriever(s.backbone, max_seq_length=s.max_seq_length, lr=s.lr, warmup_ratio=s.warmup_ratio)
     out.mkdir(parents=True, exist_ok=True)
@@ -133,18 +216,19 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         (out / "git.txt").write_text(f"{git_hash() or 'unknown'}\n", encoding="utf-8")
     log.info("run %s in %s", rid, out)
 
-    last = out / "checkpoints" / "last.ckpt"
-    resume = last if last.is_file() else None
+    resume = resume_checkpoint(out)
     try:
         baseline = _baseline(trainer, module, dm, out, rid)
         module.val_metrics = {}
         if resume:
-            log.info("resuming from %s", resume)
+            kind = "SLURM requeue checkpoint" if _HPC_CKPT.fullmatch(resume.name) else "last checkpoint"
+            log.info("resuming from the %s %s", kind, resume)
         trainer.fit(module, datamodule=dm, ckpt_path=resume)
         if not checkpointing.best_model_path:
             # Fitting stopped before its first validation (trainer.max_steps within the first epoch):
             # validate the weights there are, which are then the ones exported.
-            trainer.validate(module, datamodule=dm, verbose=False)
+            with _own_weights():
+                trainer.validate(module, datamodule=dm, verbose=False)
     finally:
         _finish_wandb(loggers)
 
