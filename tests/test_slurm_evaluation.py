@@ -62,8 +62,10 @@ def test_three_slurm_shards_merge_into_the_unsharded_run(slurm_cluster, tmp_path
                              check=True).stdout
         return out.strip().split(";")[0]
 
-    array = sbatch("--array=0-2", f"--output={tmp_path}/shard-%a.out", script, *common, f"output_dir={tmp_path}/run")
-    whole = sbatch(f"--output={tmp_path}/whole.out", script, *common, f"output_dir={tmp_path}/whole")
+    # One CPU each, so two jobs run at once on a 2-core node and meet at the cache locks.
+    array = sbatch("--array=0-2", "--cpus-per-task=1", f"--output={tmp_path}/shard-%a.out", script, *common,
+                   f"output_dir={tmp_path}/run")
+    whole = sbatch("--cpus-per-task=1", f"--output={tmp_path}/whole.out", script, *common, f"output_dir={tmp_path}/whole")
     assert set(slurm_cluster.wait(array, timeout_s=900).values()) == {"COMPLETED"}
     assert set(slurm_cluster.wait(whole, timeout_s=900).values()) == {"COMPLETED"}
 
