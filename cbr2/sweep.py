@@ -239,7 +239,12 @@ def finalize(sweep: Sweep) -> dict[str, Any]:
             continue
         folder = sweep.run_dir(run)
         if sweep.shards > 1:
-            merge([folder / f"shard-{j}-of-{sweep.shards}" for j in range(sweep.shards)], folder)
+            try:
+                merge([folder / f"shard-{j}-of-{sweep.shards}" for j in range(sweep.shards)], folder)
+            except (ValueError, OSError) as err:  # one bad run must not cost the others their table
+                log.error("sweep %s: cannot merge %s: %s", sweep.name, run.name, err)
+                incomplete.append(run.name)
+                continue
         finished.append(folder)
     table = None
     if finished:

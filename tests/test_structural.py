@@ -16,7 +16,7 @@ from cbr2.data.benchmarks import EMBEDDED_ROOT, Benchmark
 from cbr2.kopl.sketch import sketch
 from cbr2.retrieval.index import build_index, search
 from cbr2.structural.checkpoints import META_FILE, find_checkpoint
-from cbr2.structural.data import PairDataModule, PairStream, QuestionSet, split_holdout
+from cbr2.structural.data import PairDataModule, PairStream, QuestionSet, ResumableLoader, collate_pairs, split_holdout
 from cbr2.structural.labels import LABELS, PairSampler, SketchTable, lcs, seqmatch
 from cbr2.structural.module import cosine_mse_loss
 
@@ -103,6 +103,28 @@ def test_ddp_ranks_and_epochs_draw_different_pairs(kqapro_train):
     assert stream.pairs(0) == stream.pairs(0) != stream.pairs(1)  # a new draw each epoch, reproducibly
     assert len(stream.pairs(0, worker=0, workers=3)) + len(stream.pairs(0, worker=2, workers=3)) == 43
     assert len(list(stream)) == len(stream) == 64
+
+
+def test_the_training_loader_resumes_inside_an_epoch(kqapro_train):
+    pool = QuestionSet.of(kqapro_train[:300])
+
+    def loader(epoch=0):
+        stream = PairStream(pool, PairSampler(SketchTable(pool.sketches)), pairs_per_epoch=40, seed=0,
+                            epoch_fn=lambda: epoch)
+        return ResumableLoader(stream, lambda: (epoch, 3), batch_size=8, collate_fn=collate_pairs)
+
+    first = loader()
+    whole = [a for a, _, _ in first]
+    assert len(whole) == 5
+    state = first.state_dict()  # what Lightning saves: 3 batches of epoch 0 were completed
+    assert state == {"epoch": 0, "batches": 3}
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert [a for a, _, _ in resumed] == whole[3:]  # the rest of the epoch, not its start again
+    assert [a for a, _, _ in resumed] == whole  # only the resumed pass skips
+    later = loader(epoch=1)
+    later.load_state_dict(state)  # a state of an earlier epoch skips nothing
+    assert len([a for a, _, _ in later]) == 5
 
 
 # -------------------------------------------------------------------------- data cut

@@ -94,6 +94,8 @@ class PairStream(IterableDataset):
                  epoch_fn: Callable[[], int] = lambda: 0):
         self.questions, self.sampler = questions, sampler
         self.pairs_per_epoch, self.seed, self.epoch_fn = pairs_per_epoch, seed, epoch_fn
+        self.skip = 0
+        """Pairs to leave out at the start of the next pass (set by ``ResumableLoader`` on resume)."""
 
     def __len__(self) -> int:
         # Every rank gets the same number of pairs: DDP ranks must step the same number of times.
@@ -111,7 +113,45 @@ class PairStream(IterableDataset):
         rank, world = _rank_and_world()
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        return iter(self.pairs(self.epoch_fn(), rank, world, worker, workers))
+        skip, self.skip = self.skip, 0  # a resumed epoch's first pass only
+        return iter(self.pairs(self.epoch_fn(), rank, world, worker, workers)[skip:])
+
+
+class ResumableLoader(DataLoader):
+    """The training loader, resumable inside an epoch.
+
+    Lightning stores the ``state_dict`` of a loader that has one in its checkpoints (also in the
+    ``hpc_ckpt`` of a SLURM requeue) and hands it back before iterating on resume. The state is
+    the epoch and the batches the fit loop had completed; on resume in that epoch those batches'
+    pairs are skipped, so the rest of the epoch is what an uninterrupted run would have drawn.
+
+    Args:
+        stream: The pair stream (read in the main process: ``num_workers=0``).
+        position_fn: Returns ``(epoch, batches completed in it)`` from the trainer.
+        **kwargs: ``DataLoader`` arguments.
+    """
+
+    def __init__(self, stream: PairStream, position_fn: Callable[[], tuple[int, int]], **kwargs):
+        super().__init__(stream, num_workers=0, **kwargs)
+        self.position_fn = position_fn
+        self._resume: tuple[int, int] | None = None
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the fit loop is: ``{"epoch", "batches"}``."""
+        epoch, batches = self.position_fn()
+        return {"epoch": int(epoch), "batches": int(batches)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Skip ``state["batches"]`` batches when the next pass is of ``state["epoch"]``."""
+        self._resume = (state["epoch"], state["batches"])
+
+    def __iter__(self):
+        if self._resume is not None:
+            epoch, batches = self._resume
+            self._resume = None
+            if epoch == self.dataset.epoch_fn():
+                self.dataset.skip = batches * self.batch_size
+        return super().__iter__()
 
 
 class PairDataModule(L.LightningDataModule):
@@ -176,7 +216,11 @@ class PairDataModule(L.LightningDataModule):
         """Training pairs; a new draw each epoch."""
         stream = PairStream(self.fit_pool, self._train_sampler, self.pairs_per_epoch, self.seed, self._current_epoch)
         # Drawing pairs costs microseconds, so worker processes would only add start-up time.
-        return DataLoader(stream, batch_size=self.batch_size, collate_fn=collate_pairs, num_workers=0)
+        return ResumableLoader(stream, self._position, batch_size=self.batch_size, collate_fn=collate_pairs)
+
+    def _position(self) -> tuple[int, int]:
+        loop = self.trainer.fit_loop.epoch_loop
+        return self.trainer.current_epoch, loop.batch_progress.current.completed
 
     def val_dataloader(self) -> DataLoader:
         """The fixed validation pairs, in order."""
