@@ -56,6 +56,16 @@ def test_the_command_line_merges_into_the_shards_parent(runs, tmp_path, capsys):
     assert differences(runs / "whole", copy) == []
 
 
+def test_retrieval_only_shards_merge_too(tmp_path):
+    whole = run_evaluation(load_config([*RUN, f"output_dir={tmp_path / 'whole'}"]), retrieval_only=True)
+    for i in range(2):
+        run_evaluation(load_config([*RUN, f"output_dir={tmp_path / 'run'}", "eval.num_shards=2", f"eval.shard={i}"]),
+                       retrieval_only=True)
+    merged = merge([tmp_path / "run" / f"shard-{i}-of-2" for i in range(2)], tmp_path / "run")
+    assert differences(tmp_path / "whole", tmp_path / "run") == []
+    assert merged["retrieval"]["cases"] == whole["retrieval"]["cases"] and "hits@1" not in merged
+
+
 def _refusal(shards, out, capsys) -> str:
     assert merge_main([*map(str, shards), "--out", str(out)]) == 2
     return capsys.readouterr().err
