@@ -52,26 +52,21 @@ def _encodings(logs: list[Path]) -> Counter:
 def test_three_slurm_shards_merge_into_the_unsharded_run(slurm_cluster, tmp_path):
     # A cold cache shared by all four jobs: each embedding set and the LLM conversion is built
     # by one of them while the others wait for it.
-    env = {**slurm_cluster.env, "CBR2_PYTHON": sys.executable, "CBR2_CACHE_DIR": str(tmp_path / "cache")}
+    export = f"--export=ALL,CBR2_PYTHON={sys.executable},CBR2_CACHE_DIR={tmp_path / 'cache'}"
     common = ["llm.backend=hf", "llm.max_new_tokens=48", "eval.per_category=null", "eval.limit=6",
               "wandb.mode=disabled", BACKBONE]
     script = str(REPO / "slurm" / "evaluate.sbatch")
-
-    def sbatch(*args: str) -> str:
-        out = subprocess.run(["sbatch", "--parsable", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                             check=True).stdout
-        return out.strip().split(";")[0]
-
     # One CPU each, so two jobs run at once on a 2-core node and meet at the cache locks.
-    array = sbatch("--array=0-2", "--cpus-per-task=1", f"--output={tmp_path}/shard-%a.out", script, *common,
-                   f"output_dir={tmp_path}/run")
-    whole = sbatch("--cpus-per-task=1", f"--output={tmp_path}/whole.out", script, *common, f"output_dir={tmp_path}/whole")
+    array = slurm_cluster.sbatch(["--array=0-2", "--cpus-per-task=1", export, f"--output={tmp_path}/shard-%a.out",
+                                  script, *common, f"output_dir={tmp_path}/run"], cwd=REPO)
+    whole = slurm_cluster.sbatch(["--cpus-per-task=1", export, f"--output={tmp_path}/whole.out", script, *common,
+                                  f"output_dir={tmp_path}/whole"], cwd=REPO)
     assert set(slurm_cluster.wait(array, timeout_s=900).values()) == {"COMPLETED"}
     assert set(slurm_cluster.wait(whole, timeout_s=900).values()) == {"COMPLETED"}
 
     shards = sorted((tmp_path / "run").glob("shard-*-of-3"))
     assert [s.name for s in shards] == ["shard-0-of-3", "shard-1-of-3", "shard-2-of-3"]
-    subprocess.run([sys.executable, "-m", "cbr2.merge", *map(str, shards)], env=env, check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "cbr2.merge", *map(str, shards)], check=True, timeout=300)
     assert differences(tmp_path / "whole", tmp_path / "run") == []
     generated = [json.loads(line)["generated"] for line in (tmp_path / "run" / "predictions.jsonl").open()]
     assert len(generated) == 6 and all(generated)  # the LLM really wrote each answer
