@@ -101,6 +101,35 @@ class PromptConfig:
 
 
 @dataclass
+class GenerationConfig:
+    """What happens around the single LLM pass (all off: the paper's single-pass setting).
+
+    Beyond the paper: its error study (Section 6.5) names schema-aware decoding and fallback
+    correction as future work; these switches add them one at a time, for ablations.
+    """
+
+    constrained: bool = False
+    """Decode under a grammar built from the function table and the KB's vocabulary
+    (``cbr2.generation.grammar``): every output parses and type-checks (SER 0 by construction)."""
+    max_lines: int = 8
+    """Grammar bound: branches (DAG lines) per program."""
+    max_calls_per_line: int = 8
+    """Grammar bound: one-input calls chained after a line's start or join."""
+    max_literal_chars: int = 64
+    """Grammar bound: characters of a free-text argument (string values, entity names of a large KB)."""
+    closed_entities: int = 100000
+    """``Find``'s argument is a closed list of the KB's names when it has at most this many, else free text."""
+    canonicalize: bool = False
+    """Before execution, snap an argument that is not in the KB's vocabulary for its slot to the
+    nearest valid item (``cbr2.generation.canonicalize``)."""
+    canonicalize_threshold: float = 0.8
+    """Least similarity (0-1, lexical and embedding) for a snap; below it the argument is kept."""
+    fallback: bool = False
+    """When the single-pass program fails (syntax, type or execution error, empty answer), one
+    correction round with the error and the nearest valid schema items."""
+
+
+@dataclass
 class EvalConfig:
     """Evaluation loop settings."""
 
@@ -181,6 +210,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
     prompt: PromptConfig = field(default_factory=PromptConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     structural: StructuralConfig = field(default_factory=StructuralConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -42,7 +42,7 @@ from cbr2.tracking import log_evaluation
 
 log = logging.getLogger(__name__)
 
-IDENTITY_KEYS = ("data", "llm", "prompt", "retrieval", "structural")
+IDENTITY_KEYS = ("data", "llm", "prompt", "generation", "retrieval", "structural")
 """Config sections that decide what a prediction is; a resumed run must agree on them."""
 
 BATCH = 64

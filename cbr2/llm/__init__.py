@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cbr2.data.questions import Question
+    from cbr2.generation.grammar import ProgramGrammar
 
 BACKENDS: dict[str, str] = {
     "hf": "cbr2.llm.hf:HFBackend",
@@ -40,12 +41,14 @@ def backend_class(name: str) -> type:
     return getattr(importlib.import_module(module), cls)
 
 
-def make_backend(cfg: Any, questions: Sequence[Question] = ()) -> Any:
+def make_backend(cfg: Any, questions: Sequence[Question] = (), grammar: ProgramGrammar | None = None) -> Any:
     """The configured backend, built but not loaded (weights load on the first ``generate``).
 
     Args:
         cfg: The whole configuration (``cbr2.config.Config``); backends read ``cfg.llm``.
         questions: The evaluated questions; only ``gold`` reads them (their gold programs).
+        grammar: Decode under this grammar (``generation.constrained``); ``hf``, ``vllm`` and
+            ``openai`` honour it, ``gold`` writes gold programs and ignores it.
 
     Raises:
         ValueError: For an unknown ``llm.backend``.
@@ -53,4 +56,4 @@ def make_backend(cfg: Any, questions: Sequence[Question] = ()) -> Any:
     cls = backend_class(cfg.llm.backend)
     if cfg.llm.backend == "gold":
         return cls(cfg.prompt.format, {q.qid: q.program for q in questions})
-    return cls(cfg.llm)
+    return cls(cfg.llm, grammar=grammar) if grammar is not None else cls(cfg.llm)
