@@ -111,11 +111,11 @@ class GenerationConfig:
     constrained: bool = False
     """Decode under a grammar built from the function table and the KB's vocabulary
     (``cbr2.generation.grammar``): every output parses and type-checks (SER 0 by construction)."""
-    max_lines: int = 8
+    max_lines: int = 7
     """Grammar bound: branches (DAG lines) per program."""
-    max_calls_per_line: int = 8
+    max_calls_per_line: int = 6
     """Grammar bound: one-input calls chained after a line's start or join."""
-    max_literal_chars: int = 64
+    max_literal_chars: int = 48
     """Grammar bound: characters of a free-text argument (string values, entity names of a large KB)."""
     closed_entities: int = 100000
     """``Find``'s argument is a closed list of the KB's names when it has at most this many, else free text."""

@@ -27,11 +27,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES
-from cbr2.evaluation.metrics import compute_metrics
 from cbr2.evaluation.report import write_report
 from cbr2.evaluation.runner import (
     check_same_config,
-    generation_stats,
+    finish_metrics,
     load_predictions,
     run_title,
     select_questions,
@@ -216,8 +215,7 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
     else:
         records = [by_id[q.qid] for q in selection]
         _write(out / "predictions.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-        metrics = compute_metrics(records, categories)
-        metrics["generation"] = generation_stats(records)
+        metrics = finish_metrics(records, categories, bool(OmegaConf.select(cfg, "generation.fallback", default=False)))
         if retrieval is not None:
             metrics["retrieval"] = retrieval
         metrics["provenance"] = prov

@@ -19,7 +19,6 @@ from cbr2.kopl.program import Program
 from cbr2.kopl.repair import repair
 from cbr2.kopl.text import to_text
 
-
 Canonicalizer = Callable[[Program], tuple[Program, list[dict[str, Any]]]]
 """Maps a checked program to the program to execute and the snaps it made (one dict each)."""
 

@@ -18,12 +18,15 @@ returned for it: it cannot see the target's gold program or answer. Cases are tr
 questions, shown with their gold programs (that is what a case is for).
 
 Any change to the wording or layout must bump ``PROMPT_VERSION``: the version is recorded
-with every result, and the predictions cache is keyed by the prompt's hash.
+with every result, and the predictions cache is keyed by the prompt's hash. The correction
+prompt of the adaptive fallback (``correction_prompt``, ``generation.fallback``) is versioned
+apart, by ``FALLBACK_VERSION``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Sequence
 
@@ -177,3 +180,41 @@ def program_text(completion: str) -> str:
     """
     fenced = _FENCE.match(completion)
     return (fenced.group(1) if fenced else completion).strip()
+
+
+# ------------------------------------------------------------- fallback correction
+
+FALLBACK_VERSION = "cbr2-fallback-1"
+"""Bump on any change to what a correction prompt (``generation.fallback``) says or how it is laid out."""
+
+EMPTY_ANSWER = ("it ran on the KB, but its answer is empty: an argument may name the wrong item, "
+                "or a step may filter everything out")
+"""The error message of a program that executed to an empty answer (the engine raises nothing)."""
+
+Suggestion = tuple[str, str, str, Sequence[str]]
+"""``(function, argument name, value as written, valid KB items nearest to it)``."""
+
+
+def correction_prompt(prompt: Prompt, failed: str, error: str, suggestions: Sequence[Suggestion]) -> Prompt:
+    """The one correction round's prompt: the original prompt, the failed attempt and what was wrong with it.
+
+    The system part is the original one (a shareable prefix still). The user part is the
+    original user part, which ends with the program slot, followed by the failed program, the
+    error message, the valid KB items nearest to the arguments involved, and the slot again.
+    Its inputs are the model's own output, the checker's or engine's message and KB
+    vocabulary: nothing of the question's gold side.
+
+    Args:
+        prompt: The question's single-pass prompt.
+        failed: The program text the model wrote (code fence removed).
+        error: Why it failed (``EMPTY_ANSWER`` for an empty answer).
+        suggestions: Nearest valid items per argument, most relevant argument first.
+    """
+    lines = [failed or "(nothing)", "", f"This program failed: {error}"]
+    if suggestions:
+        lines.append("Valid KB items closest to its arguments:")
+        for function, arg, value, items in suggestions:
+            lines.append(f"- {function} {arg} {json.dumps(value, ensure_ascii=False)}: "
+                         + ", ".join(json.dumps(item, ensure_ascii=False) for item in items))
+    lines += ["Write the corrected program for the same question, naming only items the KB has.", PROGRAM_SLOT]
+    return Prompt(prompt.qid, prompt.system, prompt.user + "\n".join(lines) + "\n")

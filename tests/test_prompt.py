@@ -139,3 +139,19 @@ def test_paper_yaml_holds_the_papers_setting():
     r = cfg.retrieval
     assert (r.k_ontology, r.k_facts, r.k_semantic, r.k_structural, r.encoder) == (10, 10, 5, 5, "BAAI/bge-m3")
     assert (cfg.llm.backend, cfg.llm.temperature, cfg.eval.per_category, cfg.eval.sample_seed) == ("vllm", 0.0, 100, 123)
+
+
+def test_the_correction_prompt_extends_the_original_with_the_failure():
+    from cbr2.llm.base import Prompt
+    from cbr2.prompt import correction_prompt
+
+    original = Prompt("q1", "SYSTEM", f"Question: Where was Marie Curie born?\n{PROGRAM_SLOT}\n")
+    fixed = correction_prompt(original, "r1: Find[Marie Curi] → QueryName[]", "execution error [unknown_entity]",
+                              [("Find", "name", "Marie Curi", ["Marie Curie", 'The "Curie" Institute'])])
+    assert fixed.qid == "q1" and fixed.system == original.system and fixed.user.startswith(original.user)
+    added = fixed.user[len(original.user):].splitlines()
+    assert added[0] == "r1: Find[Marie Curi] → QueryName[]" and added[2].endswith("execution error [unknown_entity]")
+    assert '- Find name "Marie Curi": "Marie Curie", "The \\"Curie\\" Institute"' in added
+    assert added[-1] == PROGRAM_SLOT and fixed.user.endswith("\n")
+    bare = correction_prompt(original, "", "empty", [])
+    assert "(nothing)" in bare.user and "closest" not in bare.user and prompt_hash(bare) != prompt_hash(fixed)

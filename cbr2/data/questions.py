@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from cbr2.kopl.program import Program, ProgramError, Step
+from cbr2.kopl.text import to_text
 
 KQAPRO_CATEGORIES = (
     "Count", "QueryAttr", "QueryAttrQualifier", "QueryName", "QueryRelation",
@@ -202,5 +203,10 @@ def metaqa_topics(program: Program) -> set[str]:
 
 
 def question_record(q: Question) -> dict[str, Any]:
-    """The gold side of a prediction line."""
-    return {"id": q.qid, "question": q.question, "category": q.category, "gold_answer": q.answer}
+    """The gold side of a prediction line.
+
+    ``gold_program`` is the gold program as DAG text (None without one). It serves the error
+    analysis after scoring only; retrieval and prompts never read prediction records.
+    """
+    return {"id": q.qid, "question": q.question, "category": q.category, "gold_answer": q.answer,
+            "gold_program": to_text(q.program, "dag") if q.program is not None else None}

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from datetime import date
 from typing import Any
 
+from cbr2.evaluation.errors import analyze
+
 ERROR_KINDS = ("syntax", "type", "execution", "empty", "wrong")
 """Why a prediction is wrong, in pipeline order; ``None`` means right."""
 
@@ -81,7 +83,9 @@ def compute_metrics(records: Iterable[dict[str, Any]], categories: Sequence[str]
 
     Returns:
         ``{"hits@1", "ser", "ser_before_repair", "n", "per_category": {cat: {...}},
-        "errors": {kind: count}}`` with fractions in [0, 1].
+        "errors": {kind: count}, "error_analysis": {...}}`` with fractions in [0, 1];
+        ``error_analysis`` is ``errors.analyze``'s grounding / logical classification of the
+        wrong predictions.
     """
     records = list(records)
     by_cat: dict[str, list[dict[str, Any]]] = {}
@@ -93,6 +97,7 @@ def compute_metrics(records: Iterable[dict[str, Any]], categories: Sequence[str]
         **_rates(records),
         "per_category": {c: _rates(by_cat[c]) for c in order},
         "errors": {k: kinds.get(k, 0) for k in ERROR_KINDS},
+        "error_analysis": analyze(records, categories),
     }
 
 

@@ -1,13 +1,25 @@
 """``report.md``: the overall line, a per-category table in the layout of the paper's Table 3,
-error counts, generation cost, retrieval metrics and provenance."""
+error counts, the error analysis (grounding / logical), generation cost, retrieval metrics and
+provenance."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from cbr2.data.questions import KQAPRO_ABBREVIATIONS
+from cbr2.evaluation.errors import CLASSES
 from cbr2.evaluation.metrics import ERROR_KINDS
+
+CLASS_LEGEND = ("Grounding: the program names a wrong or non-existent schema item, entity or value. "
+                "Logical: a condition dropped or added, a relation direction flipped, a comparison reversed "
+                "or another multi-hop structure. Other: no parsed program, no gold program, or the gold "
+                "program itself.")
+"""What the three classes of the error analysis mean (the paper's Section 6.5)."""
+
+EXAMPLE_CHARS = 1500
+"""Longest program or generated text an error example shows; raw generations can be long."""
 
 
 def pct(x: float) -> str:
@@ -37,8 +49,17 @@ def render_report(metrics: dict[str, Any], title: str) -> str:
             tokens = "".join(f" · {gen[k]:.0f} {k.replace('_', ' ')} per question" for k in
                              ("prompt_tokens", "completion_tokens") if gen.get(k) is not None)
             lines += ["", f"Generation: {gen['seconds_per_question']:.2f} s per question{tokens}."]
+            snaps = gen.get("canonicalized") or {}
+            if snaps.get("considered"):
+                lines += ["", (f"Canonicalisation: {snaps['snapped']} of {snaps['considered']} arguments outside "
+                               f"the KB vocabulary snapped to a KB item, in {snaps['questions']} questions.")]
         lines += ["", "## Errors", "", "| kind | count |", "|---|---:|"]
         lines += [f"| {k} | {metrics['errors'].get(k, 0)} |" for k in ERROR_KINDS]
+        from cbr2.generation.fallback import render_fallback  # imports pct from here: import when used
+
+        lines += render_fallback(metrics)
+    if "error_analysis" in metrics:
+        lines += render_error_analysis(metrics["error_analysis"], metrics.get("n"))
     if metrics.get("retrieval"):
         lines += render_retrieval(metrics["retrieval"])
     prov = metrics.get("provenance", {})
@@ -64,6 +85,56 @@ def per_category_table(metrics: dict[str, Any]) -> list[str]:
     if any(c in KQAPRO_ABBREVIATIONS for c in cats):
         lines += ["", "; ".join(f"{a}: {c}" for c, a in KQAPRO_ABBREVIATIONS.items()) + "."]
     return lines
+
+
+def render_error_analysis(block: dict[str, Any], n: int | None) -> list[str]:
+    """Lines of the error-analysis section: class counts, per category, reasons and examples.
+
+    Args:
+        block: ``metrics.json``'s ``error_analysis`` (see ``cbr2.evaluation.errors.analyze``).
+        n: Number of evaluated questions, for the summary line.
+    """
+    wrong = block["n_wrong"]
+    lines = ["", "## Error analysis", ""]
+    if not wrong:
+        return [*lines, "No wrong predictions."]
+    shares = " · ".join(f"**{c}** {block['classes'][c]} ({pct(block['classes'][c] / wrong)}%)" for c in CLASSES)
+    of_n = f" of {n}" if n is not None else ""
+    lines += [f"{wrong} wrong predictions{of_n}: {shares} of the wrong ones.",
+              "",
+              CLASS_LEGEND,
+              "", "| category | " + " | ".join(CLASSES) + " | wrong |", "|---|" + "---:|" * (len(CLASSES) + 1)]
+    for cat, counts in block["per_category"].items():
+        lines.append(f"| {cat} | " + " | ".join(str(counts[c]) for c in CLASSES) + f" | {sum(counts.values())} |")
+    lines += ["", "Reasons: " + " · ".join(f"`{r}` {k}" for r, k in block["reasons"].items()) + "."]
+    for cls in CLASSES:
+        examples = block["examples"].get(cls) or []
+        if examples:
+            lines += ["", f"### Examples: {cls}"]
+            for ex in examples:
+                lines += _example_lines(ex)
+    return lines
+
+
+def _example_lines(ex: dict[str, Any]) -> list[str]:
+    """One error example: id, category, reason and detail, question, gold and predicted programs."""
+    lines = ["", f"**{ex['id']}** ({ex.get('category') or 'unknown'}) · `{ex['reason']}`: {ex['detail']}",
+             "", f"Question: {ex['question']}"]
+    if ex.get("gold_program"):
+        lines += ["", "Gold program:", "", *_fenced(ex["gold_program"])]
+    if "program" in ex:
+        lines += ["", "Predicted program:", "", *_fenced(ex["program"])]
+    else:
+        lines += ["", "Generated text (no program parsed):", "", *_fenced(ex.get("generated") or "")]
+    return lines
+
+
+def _fenced(text: str) -> list[str]:
+    """A fenced code block that survives backticks in ``text`` (an LLM may write its own fences)."""
+    if len(text) > EXAMPLE_CHARS:
+        text = text[:EXAMPLE_CHARS] + " …"
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+    return [fence, text, fence]
 
 
 def render_retrieval(block: dict[str, Any]) -> list[str]:

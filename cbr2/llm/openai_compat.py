@@ -120,15 +120,20 @@ class OpenAIBackend:
 
     Args:
         cfg: The ``llm`` config section (DictConfig or ``LLMConfig``).
+        grammar: Decode under this ``ProgramGrammar`` (``generation.constrained``), sent as vLLM's
+            ``structured_outputs`` request field: a ``vllm serve`` server (or another server that
+            takes the field) is needed.
 
     Raises:
-        ValueError: If ``llm.model`` is unset (a server may serve several models).
+        ValueError: If ``llm.model`` is unset (a server may serve several models), or a grammar
+            is asked of the official OpenAI API, which takes no grammar.
     """
 
     name = "openai"
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: Any, grammar: Any = None):
         self.cfg = cfg
+        self.grammar = grammar
         model = option(cfg, "model")
         if not model:
             raise ValueError("llm.backend=openai needs llm.model: the model name the server serves "
@@ -137,6 +142,9 @@ class OpenAIBackend:
         self.base_url: str | None = option(cfg, "base_url") or None
         self.stop = stop_strings(cfg)
         self._client: Any = None
+        if grammar is not None and _host(self.base_url) == OFFICIAL_HOST:
+            raise ValueError("generation.constrained=true needs a server that takes a grammar (vllm serve, with "
+                             "llm.base_url); the official OpenAI API does not")
 
     @property
     def uses_chat(self) -> bool:
@@ -150,7 +158,10 @@ class OpenAIBackend:
         The server URL is left out on purpose: the same model behind another address or port
         gives the same predictions.
         """
-        return decoding_identity(self.cfg, backend=self.name, model=self.model, chat=self.uses_chat)
+        ident = decoding_identity(self.cfg, backend=self.name, model=self.model, chat=self.uses_chat)
+        if self.grammar is not None:
+            ident.update(self.grammar.identity(), max_new_tokens=self.grammar.max_bytes + 1)
+        return ident
 
     def render(self, prompt: Prompt) -> str:
         """What is sent for ``prompt``: the plain text, or the chat messages (the server applies its template)."""
@@ -196,13 +207,20 @@ class OpenAIBackend:
         }
         if self.stop:
             kwargs["stop"] = self.stop
+        extra: dict[str, Any] = {}
+        if self.grammar is not None:
+            # vLLM's structured outputs; the cap is the grammar's longest text, so no program is cut.
+            extra["structured_outputs"] = {"grammar": self.grammar.ebnf}
+            kwargs["max_tokens"] = self.grammar.max_bytes + 1
         if not self.uses_chat:
             kwargs["prompt"] = prompt.text
-            return kwargs
-        kwargs["messages"] = prompt.messages
-        if _host(self.base_url) != OFFICIAL_HOST:
-            # vLLM / SGLang pass these to the chat template: Qwen3 answers without a think block.
-            kwargs["extra_body"] = {"chat_template_kwargs": {"enable_thinking": False}}
+        else:
+            kwargs["messages"] = prompt.messages
+            if _host(self.base_url) != OFFICIAL_HOST:
+                # vLLM / SGLang pass these to the chat template: Qwen3 answers without a think block.
+                extra["chat_template_kwargs"] = {"enable_thinking": False}
+        if extra:
+            kwargs["extra_body"] = extra
         return kwargs
 
     def _request(self, prompt: Prompt) -> Completion:

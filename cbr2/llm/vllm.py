@@ -103,7 +103,7 @@ def engine_kwargs(cfg: Any, gpus: int | None = None, free_bytes: int | None = No
     return kwargs
 
 
-def sampling_kwargs(cfg: Any) -> dict[str, Any]:
+def sampling_kwargs(cfg: Any, grammar: Any = None) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams(...)`` for the llm config section.
 
     Temperature 0 is greedy decoding: ``top_p`` is then 1 and no per-request seed is set (it
@@ -111,19 +111,26 @@ def sampling_kwargs(cfg: Any) -> dict[str, Any]:
 
     Args:
         cfg: The ``llm`` config section (DictConfig or ``LLMConfig``).
+        grammar: A ``ProgramGrammar`` to decode under (``generation.constrained``): vLLM's
+            structured outputs (xgrammar) mask every step, and ``max_tokens`` becomes the
+            grammar's longest text in bytes, so no program is cut mid-line.
 
     Returns:
-        ``temperature``, ``top_p``, ``max_tokens``, ``stop`` and ``seed``.
+        ``temperature``, ``top_p``, ``max_tokens``, ``stop`` and ``seed``; with a grammar also
+        ``structured_outputs`` (the keyword arguments of ``StructuredOutputsParams``).
     """
     temperature = float(option(cfg, "temperature", 0.0))
     greedy = temperature <= 0.0
-    return {
+    kwargs = {
         "temperature": 0.0 if greedy else temperature,
         "top_p": 1.0 if greedy else float(option(cfg, "top_p", 1.0)),
         "max_tokens": int(option(cfg, "max_new_tokens", 160)),
         "stop": stop_strings(cfg),
         "seed": None if greedy else int(option(cfg, "seed", 0)),
     }
+    if grammar is not None:
+        kwargs.update(max_tokens=grammar.max_bytes + 1, structured_outputs={"grammar": grammar.ebnf})
+    return kwargs
 
 
 def parse_outputs(outputs: Sequence[Any], stop: Iterable[str] = ()) -> list[Completion]:
@@ -174,12 +181,14 @@ class VLLMBackend:
 
     Args:
         cfg: The ``llm`` config section (DictConfig or ``LLMConfig``).
+        grammar: Decode under this ``ProgramGrammar`` (``generation.constrained``).
     """
 
     name = "vllm"
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: Any, grammar: Any = None):
         self.cfg = cfg
+        self.grammar = grammar
         self.model = model_name(cfg)
         self.stop = stop_strings(cfg)
         self._tokenizer: Any = None
@@ -193,7 +202,10 @@ class VLLMBackend:
 
     def identity(self) -> dict[str, Any]:
         """What, beside the prompt, decides the output: the predictions-cache key."""
-        return decoding_identity(self.cfg, backend=self.name, model=self.model, chat=self.uses_chat)
+        ident = decoding_identity(self.cfg, backend=self.name, model=self.model, chat=self.uses_chat)
+        if self.grammar is not None:
+            ident.update(self.grammar.identity(), max_new_tokens=self.grammar.max_bytes + 1)
+        return ident
 
     def tokenizer(self) -> Any:
         """The model's tokenizer, loaded once."""
@@ -236,7 +248,13 @@ class VLLMBackend:
             return []
         texts = [self.render(p) for p in prompts]
         llm = self.engine()
-        params = _import_vllm().SamplingParams(**sampling_kwargs(self.cfg))
+        vllm = _import_vllm()
+        kwargs = sampling_kwargs(self.cfg, self.grammar)
+        if "structured_outputs" in kwargs:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+        params = vllm.SamplingParams(**kwargs)
         outputs = llm.generate(texts, params)
         if len(outputs) != len(texts):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(texts)} prompts")

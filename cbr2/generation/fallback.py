@@ -1,0 +1,281 @@
+"""Adaptive fallback (``generation.fallback``): one correction round for programs that visibly failed.
+
+After the single pass, a program that did not parse, type-check or execute, or that executed
+to an empty answer, gets exactly one more generation: its question's prompt followed by the
+failed program, the error message and the valid KB items nearest to the arguments involved
+(``cbr2.prompt.correction_prompt``). A non-empty wrong answer never fires it: telling it from
+a right one needs the gold answer, which a deployed system does not have.
+
+The correction prompt is built from a ``Failure``, which holds the generated text, the error
+and the arguments of a record, never its gold side.
+
+Record layout (``predictions.jsonl``) with the fallback on:
+
+* top-level fields: the final result, i.e. the correction's when the fallback fired, except
+  ``latency_s``, ``prompt_tokens`` and ``completion_tokens``, which add up both generations
+  (what the question cost);
+* ``single_pass``: the first pass's ``SINGLE_PASS_FIELDS`` (equal to the top-level ones when
+  the fallback did not fire);
+* ``fallback``: ``{"fired": False}``, or ``{"fired": True, "generated", "latency_s",
+  "prompt_tokens", "completion_tokens", "fixed", "prompt_hash", "version"}``. A first pass
+  whose correction has not run yet is written with ``{"pending": True}``; a resumed run runs
+  only the correction for it.
+
+With the fallback off, records carry neither key: they are the single-pass records as before.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cbr2.kb.model import Vocabulary
+from cbr2.kopl.functions import get_spec
+from cbr2.kopl.grounding import SLOT_KINDS, slot_items
+from cbr2.kopl.text import split_top
+from cbr2.llm.base import Completion, Prompt
+from cbr2.prompt import EMPTY_ANSWER, FALLBACK_VERSION, Suggestion, correction_prompt, program_text
+
+FIRES_ON = ("syntax", "type", "execution", "empty")
+"""Error kinds that fire the correction round: the failures visible without the gold answer."""
+
+SINGLE_PASS_FIELDS = ("generated", "program", "repairs", "answer", "correct", "error_kind", "error", "syntax_error",
+                      "syntax_error_before_repair", "unknown_arguments", "canonicalized", "latency_s",
+                      "prompt_tokens", "completion_tokens")
+"""What ``single_pass`` keeps of the first pass: enough to score it (``compute_metrics`` and its
+error analysis read these) and to say what it cost."""
+
+MAX_ARGUMENTS = 4
+"""Arguments that get suggestions in one correction prompt (the first ones involved)."""
+
+MAX_ITEMS = 5
+"""Suggested KB items per argument."""
+
+Nearest = Callable[..., list[tuple[str, float]]]
+"""``nearest(value, kind, k=5, function=None) -> [(item, score), ...]``, best first
+(``cbr2.generation.canonicalize.Canonicalizer.nearest``)."""
+
+# A call as the prompt writes it, found anywhere in text that may not parse: Name[arg | arg].
+_CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*\[((?:\\.|[^\[\]\\])*)\]", re.DOTALL)
+
+
+def fires(record: dict[str, Any]) -> bool:
+    """Whether a scored first-pass record gets the correction round."""
+    return record.get("error_kind") in FIRES_ON
+
+
+def is_pending(record: dict[str, Any]) -> bool:
+    """Whether a record is a first pass still waiting for its correction."""
+    return bool((record.get("fallback") or {}).get("pending"))
+
+
+def first_pass(record: dict[str, Any]) -> dict[str, Any]:
+    """A scored first-pass record with the fallback fields: pending when it failed, else final."""
+    single = {k: record.get(k) for k in SINGLE_PASS_FIELDS}
+    return {**record, "single_pass": single, "fallback": {"pending": True} if fires(record) else {"fired": False}}
+
+
+def _total(first: float | None, second: float | None) -> float | None:
+    return None if first is None and second is None else (first or 0) + (second or 0)
+
+
+def corrected(first: dict[str, Any], second: dict[str, Any], completion: Completion, latency_s: float,
+              prompt_hash: str) -> dict[str, Any]:
+    """The final record of a question whose fallback fired.
+
+    Args:
+        first: Its pending first-pass record.
+        second: ``score_generation``'s record of the correction.
+        completion: What the correction generated.
+        latency_s: Seconds the correction took.
+        prompt_hash: ``prompt_hash`` of the correction prompt.
+    """
+    single = first["single_pass"]
+    return {
+        **second,
+        "generated": completion.text,
+        "prompt_hash": first["prompt_hash"],
+        "generation_key": first["generation_key"],
+        "latency_s": _total(single["latency_s"], latency_s),
+        "prompt_tokens": _total(single["prompt_tokens"], completion.prompt_tokens),
+        "completion_tokens": _total(single["completion_tokens"], completion.completion_tokens),
+        "single_pass": single,
+        "fallback": {"fired": True, "generated": completion.text, "latency_s": latency_s,
+                     "prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens,
+                     "fixed": bool(second["correct"]) and not single["correct"], "prompt_hash": prompt_hash,
+                     "version": FALLBACK_VERSION},
+    }
+
+
+# ---------------------------------------------------------------- the correction prompt
+
+@dataclass(frozen=True)
+class Failure:
+    """What a correction prompt may be built from: the model's output and why it failed.
+
+    Attributes:
+        text: The program text the model wrote (code fence removed).
+        error_kind: One of ``FIRES_ON``.
+        message: The checker's or engine's message (``EMPTY_ANSWER`` for an empty answer).
+        program: DAG text of the checked program, None when it did not parse or type-check.
+        unknown: Its arguments that name no KB item of their slot (``unknown_arguments``).
+    """
+
+    text: str
+    error_kind: str
+    message: str
+    program: str | None
+    unknown: tuple[dict[str, Any], ...]
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> Failure:
+        """The failure of a scored record; its gold side (``gold_answer``, ``gold_program``) is left behind."""
+        message = (record.get("error") or {}).get("message") or EMPTY_ANSWER
+        return cls(program_text(record.get("generated") or ""), record["error_kind"], message,
+                   record.get("program"), tuple(record.get("unknown_arguments") or ()))
+
+
+def called_arguments(text: str) -> list[dict[str, Any]]:
+    """The schema arguments of every ``Name[...]`` call in ``text``, which need not parse.
+
+    The function table says which slot each argument fills (extra arguments are ignored, and
+    so are unknown functions).
+
+    Returns:
+        One ``{"function", "arg", "kind", "value"}`` dict per non-empty argument of a kind in
+        ``SLOT_KINDS``, in text order.
+    """
+    found = []
+    for match in _CALL.finditer(text):
+        spec = get_spec(match.group(1))
+        body = match.group(2)
+        if spec is None or not body.strip():
+            continue
+        values = [re.sub(r"\\(.)", r"\1", v.strip()) for v in split_top(body, "|")]
+        found += [{"function": match.group(1), "arg": arg.name, "kind": arg.kind, "value": value}
+                  for arg, value in zip(spec.args, values) if arg.kind in SLOT_KINDS and value]
+    return found
+
+
+def involved_arguments(failure: Failure, vocab: Vocabulary) -> list[dict[str, Any]]:
+    """The arguments a correction should reconsider, most suspect first, each ``(kind, value)`` once.
+
+    * A program that did not check: the arguments of its calls that name no KB item.
+    * An execution error: the arguments naming no KB item (all schema arguments when there
+      are none: the error lies elsewhere, and another item may avoid it).
+    * An empty answer: the unknown arguments first, then every other schema argument, since
+      an existing but wrong item empties an answer as surely as a missing one.
+    """
+    if failure.program is None:
+        args = [a for a in called_arguments(failure.text) if a["value"] not in slot_items(vocab, a["kind"])]
+    elif failure.error_kind == "execution" and failure.unknown:
+        args = list(failure.unknown)
+    else:
+        args = [*failure.unknown, *called_arguments(failure.program)]
+    seen: set[tuple[str, str]] = set()
+    unique = []
+    for a in args:
+        if (a["kind"], a["value"]) not in seen:
+            seen.add((a["kind"], a["value"]))
+            unique.append(a)
+    return unique
+
+
+def suggestions(args: Sequence[dict[str, Any]], nearest: Nearest) -> list[Suggestion]:
+    """Up to ``MAX_ITEMS`` nearest valid items (other than the value itself) for each of the first
+    ``MAX_ARGUMENTS`` arguments; an argument with none is left out."""
+    out: list[Suggestion] = []
+    for a in args[:MAX_ARGUMENTS]:
+        ranked = nearest(a["value"], a["kind"], k=MAX_ITEMS + 1, function=a["function"])
+        items = [item for item, _ in ranked if item != a["value"]][:MAX_ITEMS]
+        if items:
+            out.append((a["function"], a["arg"], a["value"], items))
+    return out
+
+
+def build_correction(prompt: Prompt, record: dict[str, Any], vocab: Vocabulary, nearest: Nearest) -> Prompt:
+    """The correction prompt of a failed first-pass record.
+
+    Args:
+        prompt: The question's single-pass prompt.
+        record: Its scored first-pass record (only its ``Failure`` is read).
+        vocab: The KB's vocabulary (which arguments name no item).
+        nearest: Ranks a slot's valid items by similarity to a value.
+    """
+    failure = Failure.of(record)
+    return correction_prompt(prompt, failure.text, failure.message,
+                             suggestions(involved_arguments(failure, vocab), nearest))
+
+
+# ---------------------------------------------------------------------------- metrics
+
+def single_pass_view(record: dict[str, Any]) -> dict[str, Any]:
+    """The record as the single pass left it (the record itself when it has no ``single_pass``)."""
+    return {**record, **(record.get("single_pass") or {})}
+
+
+def fallback_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``metrics.json``'s ``fallback`` block.
+
+    Returns:
+        ``fired`` (questions that got a correction) and ``fired_rate`` (of all), ``fixed``
+        (right after and not before) and ``fixed_rate_of_fired``, ``still_failing`` (fired,
+        still not right), ``after`` (final error kinds of the fired questions, ``right`` for
+        the fixed ones), ``by_error_kind`` (``{"fired", "fixed"}`` per single-pass error kind),
+        ``extra_seconds_per_question`` (the corrections' time over all questions) and
+        ``extra_seconds_per_fired``. Rates of nothing are None.
+    """
+    n = len(records)
+    fired = [r for r in records if (r.get("fallback") or {}).get("fired")]
+    fixed = sum(bool(r["fallback"]["fixed"]) for r in fired)
+    extra = sum(r["fallback"].get("latency_s") or 0.0 for r in fired)
+    by_kind = {kind: {"fired": 0, "fixed": 0} for kind in FIRES_ON}
+    for r in fired:
+        counts = by_kind.setdefault(r["single_pass"]["error_kind"], {"fired": 0, "fixed": 0})
+        counts["fired"] += 1
+        counts["fixed"] += bool(r["fallback"]["fixed"])
+    return {
+        "fired": len(fired),
+        "fired_rate": len(fired) / n if n else 0.0,
+        "fixed": fixed,
+        "fixed_rate_of_fired": fixed / len(fired) if fired else None,
+        "still_failing": len(fired) - fixed,
+        "after": dict(Counter(r["error_kind"] or "right" for r in fired)),
+        "by_error_kind": by_kind,
+        "extra_seconds_per_question": extra / n if n else None,
+        "extra_seconds_per_fired": extra / len(fired) if fired else None,
+    }
+
+
+def render_fallback(metrics: dict[str, Any]) -> list[str]:
+    """``report.md`` lines comparing the single pass with the result after the fallback.
+
+    Args:
+        metrics: ``metrics.json``; without ``fallback`` and ``single_pass`` blocks there is
+            nothing to render (an empty list).
+    """
+    # Imported here: report.py may import this module to render the section.
+    from cbr2.evaluation.report import pct
+
+    fb, single = metrics.get("fallback"), metrics.get("single_pass")
+    if not fb or not single:
+        return []
+    lines = ["", "## Fallback", "", "| | single pass | after fallback |", "|---|---:|---:|"]
+    for label, key in (("Hits@1 (%) ↑", "hits@1"), ("SER (%) ↓", "ser"), ("SER before repair (%) ↓", "ser_before_repair")):
+        lines.append(f"| {label} | {pct(single[key])} | {pct(metrics[key])} |")
+    of_fired = f" ({pct(fb['fixed_rate_of_fired'])}% of those)" if fb["fixed_rate_of_fired"] is not None else ""
+    lines += ["", (f"Fired on {fb['fired']} of {metrics['n']} questions ({pct(fb['fired_rate'])}%); "
+                   f"fixed {fb['fixed']}{of_fired}; {fb['still_failing']} still not right.")]
+    if fb["extra_seconds_per_question"] is not None:
+        per_fired = (f", {fb['extra_seconds_per_fired']:.2f} s per correction"
+                     if fb["extra_seconds_per_fired"] is not None else "")
+        lines.append(f"Extra generation: {fb['extra_seconds_per_question']:.2f} s per question{per_fired}.")
+    if fb["fired"]:
+        lines += ["", "| single-pass error | fired | fixed |", "|---|---:|---:|"]
+        lines += [f"| {kind} | {c['fired']} | {c['fixed']} |" for kind, c in fb["by_error_kind"].items()]
+        after = ", ".join(f"{kind} {count}" for kind, count in sorted(fb["after"].items()))
+        lines += ["", f"After the correction: {after}."]
+    return lines

@@ -1,0 +1,403 @@
+"""Schema-constrained decoding: a grammar of well-typed KoPL programs over one KB's vocabulary.
+
+The grammar is generated, never written by hand: its functions, argument kinds and typing rules
+come from the function table (``cbr2.kopl.functions``), its closed lists from the KB's
+vocabulary (``cbr2.kopl.grounding.slot_items``), and its surface from the two program forms of
+``cbr2.kopl.text``. Whatever a model writes under it parses and type-checks, so the syntax error
+rate of a constrained run is 0 by construction.
+
+How typing becomes context-free. A KoPL program is a tree of branches: a branch starts with a
+start function (``Find``, ``FindAll``) or joins two earlier branches with a two-input function,
+and goes on with one-input functions. The grammar has one rule per (first line, last line,
+result type) of a subtree, so every reference points at the branch it must, every input gets
+the type its function accepts, and the last line ends with an answer type. The DAG form writes
+each branch as a labelled line (``r3: (r1, r2) → And[] → QueryName[]``), the chain form writes
+the same tree one call per line in post-order; both are rendered from the same rules.
+
+Bounds. Lines per program, calls per line and characters of a free-text argument are bounded
+(``generation.max_lines`` ...), so the language is finite: ``ProgramGrammar.max_bytes`` is the
+longest text it accepts, and a token cap of that many tokens (every token is at least one byte)
+guarantees that decoding ends inside the grammar instead of being cut mid-program.
+
+Closed and open slots. Concepts, attribute keys, qualifier keys and relations are closed lists
+of the KB; ops and directions the table's own lists; quantities, years and dates are literal
+patterns that the type checker accepts. ``Find``'s argument is a closed list of the KB's names
+up to ``generation.closed_entities`` of them (the mini KBs, KQA Pro's 17k), free text above;
+string values are free text (a question's value need not be anywhere in the retrieved
+knowledge, and a per-question list would make a retrieval miss unrecoverable).
+
+``xgrammar`` compiles the grammar against a tokenizer; a KQA Pro-sized compilation takes
+seconds, so compiled grammars are cached in memory and on disk (``compiled``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from cbr2.kb.model import Vocabulary
+from cbr2.kopl.functions import ALIASES, ANSWER_TYPES, CLOSED_KINDS, FUNCTIONS, FunctionSpec, accepts
+from cbr2.kopl.grounding import SLOT_KINDS, slot_items
+from cbr2.kopl.text import ARROW, FORMATS, escape_arg
+
+log = logging.getLogger(__name__)
+
+GRAMMAR_VERSION = 1
+"""Bump when the generated grammar changes for the same inputs (invalidates compiled caches)."""
+
+_FORBIDDEN = "[]|\\\n"
+"""Characters a free-text argument may not contain: they delimit arguments and lines."""
+
+_MONTH_DAYS = {"01": 31, "02": 28, "03": 31, "04": 30, "05": 31, "06": 30, "07": 31, "08": 31, "09": 30,
+               "10": 31, "11": 30, "12": 31}
+"""Days a date literal may name per month. February stops at 28 because a 29th is valid in
+leap years only, which a grammar cannot see cheaply; the checker accepts every date produced."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Size limits that make the program language finite (``generation.*``)."""
+
+    max_lines: int = 7
+    max_calls_per_line: int = 6
+    max_literal_chars: int = 48
+    closed_entities: int = 100000
+
+    @classmethod
+    def from_config(cls, gen: Any) -> Bounds:
+        """The bounds of a ``generation`` config section."""
+        return cls(int(gen.max_lines), int(gen.max_calls_per_line), int(gen.max_literal_chars),
+                   int(gen.closed_entities))
+
+
+def _lit(text: str) -> str:
+    """An EBNF string literal."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+@dataclass
+class _Rules:
+    """EBNF rules under construction, with the longest text (in UTF-8 bytes) each one derives."""
+
+    rules: dict[str, str] = field(default_factory=dict)
+    longest: dict[str, int] = field(default_factory=dict)
+
+    def add(self, name: str, alternatives: list[tuple[str, int]]) -> str | None:
+        """Define ``name`` as the alternatives ``(body, longest)``; None when there are none."""
+        alternatives = [a for a in alternatives if a[0] is not None]
+        if not alternatives:
+            return None
+        self.rules[name] = " | ".join(body for body, _ in alternatives)
+        self.longest[name] = max(n for _, n in alternatives)
+        return name
+
+
+class ProgramGrammar:
+    """The EBNF grammar of well-typed programs of one KB, in one program form.
+
+    Args:
+        vocab: The KB's vocabulary.
+        fmt: ``dag`` or ``chain``.
+        bounds: Size limits.
+        cache_dir: Root of the compiled-grammar cache (``retrieval.cache_dir`` semantics).
+
+    Attributes:
+        ebnf: The grammar text (xgrammar's EBNF dialect, which vLLM's ``grammar`` takes too).
+        max_bytes: Length in UTF-8 bytes of the longest accepted text.
+        functions: Functions usable with this KB (those whose closed slots are non-empty).
+    """
+
+    def __init__(self, vocab: Vocabulary, fmt: str = "dag", bounds: Bounds = Bounds(),
+                 cache_dir: str | None = None):
+        self.cache_dir = cache_dir
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown program format {fmt!r}; expected one of {', '.join(FORMATS)}")
+        self.fmt, self.bounds = fmt, bounds
+        self._r = _Rules()
+        self._args = self._argument_rules(vocab)
+        self.functions = [s for s in FUNCTIONS.values() if all(a.kind in self._args for a in s.args)]
+        self._memo: dict[tuple, str | None] = {}
+        self._root()
+        self.ebnf = "\n".join(f"{name} ::= {body}" for name, body in self._r.rules.items()) + "\n"
+        self.max_bytes = self._r.longest["root"]
+
+    @cached_property
+    def sha256(self) -> str:
+        """Identity of the grammar (its text and the generator's version)."""
+        return hashlib.sha256(f"{GRAMMAR_VERSION}\x00{self.ebnf}".encode()).hexdigest()
+
+    def identity(self) -> dict[str, Any]:
+        """What a predictions cache needs to know about the grammar."""
+        return {"grammar": self.sha256[:16], "format": self.fmt, "max_bytes": self.max_bytes}
+
+    # --- arguments ---------------------------------------------------------------------------
+
+    def _argument_rules(self, vocab: Vocabulary) -> dict[str, str]:
+        """One rule per argument kind; a kind with nothing valid gets none (its functions drop out)."""
+        r, b = self._r, self.bounds
+        n = b.max_literal_chars
+        char = _char_class(_FORBIDDEN)
+        edge = _char_class(_FORBIDDEN + " ")
+        # Non-empty, no surrounding spaces (the parser strips them), at most n characters;
+        # a character is up to 4 UTF-8 bytes.
+        r.add("text", [(f"{edge} ({char}{{0,{max(0, n - 2)}}} {edge})?", 4 * n)])
+        r.add("int", [("[0-9]{1,20}", 20)])
+        r.add("number", [('"-"? int ("." [0-9]{1,8})?', 30)])
+        r.add("year", [('"-"? [0-9]{1,4}', 5)])
+        month_days = []
+        for month, days in _MONTH_DAYS.items():
+            day = "|".join(_lit(f"{d:02d}") for d in range(1, days + 1))
+            month_days.append((f'"{month}-" ({day})', 5))
+        r.add("monthday", month_days)
+        # A calendar date needs a positive year (Python's date, which the checker uses); a bare
+        # year is a date literal too, as in the engine.
+        r.add("date", [('[1-9] [0-9]{0,3} "-" monthday', 10), ("year", 5)])
+        kinds: dict[str, str] = {"string": "text", "year": "year", "date": "date", "any": "text"}
+        units = sorted({u for us in vocab.units.values() for u in us if u != "1"})
+        if units:
+            r.add("unit", [(_lit(escape_arg(u)), _nbytes(escape_arg(u))) for u in units])
+            r.add("quantity", [('number (" " unit)?', 30 + 1 + r.longest["unit"])])
+        else:
+            r.add("quantity", [("number", 30)])
+        kinds["quantity"] = "quantity"
+        for kind, values in CLOSED_KINDS.items():
+            kinds[kind] = r.add(f"k_{kind}", [(_lit(v), _nbytes(v)) for v in values])
+        for kind in SLOT_KINDS:
+            items = sorted(slot_items(vocab, kind))
+            if kind == "entity" and len(items) > b.closed_entities:
+                kinds[kind] = "text"
+                continue
+            kinds[kind] = r.add(f"k_{kind}", [(_lit(escape_arg(v)), _nbytes(escape_arg(v))) for v in items])
+        return {k: v for k, v in kinds.items() if v is not None}
+
+    def _call(self, spec: FunctionSpec) -> str:
+        """Rule of one call ``Name[arg | arg]`` (the dataset's alias names accepted too)."""
+        name = f"f_{spec.name}"
+        if name in self._r.rules:
+            return name
+        names = [spec.name] + [a for a, target in ALIASES.items() if target == spec.name]
+        head = " | ".join(_lit(n) for n in names)
+        parts, size = [f"({head})", '"["'], max(len(n) for n in names) + 2
+        for i, arg in enumerate(spec.args):
+            if i:
+                parts.append('" | "')
+                size += 3
+            parts.append(self._args[arg.kind])
+            size += self._r.longest[self._args[arg.kind]]
+        parts.append('"]"')
+        self._r.add(name, [(" ".join(parts), size)])
+        return name
+
+    # --- typed structure ---------------------------------------------------------------------
+
+    def _calls(self, arity: int, inputs: tuple[str, ...] | None = None, output: str | None = None) -> list[str]:
+        """Calls of ``arity`` whose inputs accept ``inputs`` (produced types) and that yield ``output``."""
+        found = []
+        for spec in self.functions:
+            if spec.arity != arity or (output is not None and spec.output != output):
+                continue
+            if inputs is not None and not all(accepts(want, got) for want, got in zip(spec.inputs, inputs)):
+                continue
+            found.append(self._call(spec))
+        return found
+
+    @cached_property
+    def _types(self) -> list[str]:
+        """Every type a function of this grammar produces."""
+        return sorted({s.output for s in self.functions})
+
+    @cached_property
+    def _branch_types(self) -> list[str]:
+        """Types a branch other than the last may end with: those some join accepts."""
+        joins = [s for s in self.functions if s.arity == 2]
+        return [t for t in self._types if any(accepts(i, t) for s in joins for i in s.inputs)]
+
+    def _alternatives(self, rules: Iterable[str]) -> list[tuple[str, int]]:
+        return [(name, self._r.longest[name]) for name in rules]
+
+    def _tail(self, start: str, end: str, calls: int) -> str | None:
+        """Rule of up to ``calls`` one-input calls taking a ``start`` value to an ``end`` value
+        (``end="answer"``: any answer type), each preceded by the form's separator."""
+        key = ("tail", start, end, calls)
+        if key in self._memo:
+            return self._memo[key]
+        sep = f" {ARROW} " if self.fmt == "dag" else "\n"
+        done = start in ANSWER_TYPES if end == "answer" else start == end
+        alternatives = [('""', 0)] if done else []
+        if calls > 0:
+            for out in self._types:
+                rest = self._tail(out, end, calls - 1)
+                step = self._group(self._calls(1, (start,), out), f"c1_{start}_{out}")
+                if rest is not None and step is not None:
+                    alternatives.append((f"{_lit(sep)} {step} {rest}",
+                                         _nbytes(sep) + self._r.longest[step] + self._r.longest[rest]))
+        name = self._r.add(f"tail_{start}_{end}_{calls}", alternatives)
+        self._memo[key] = name
+        return name
+
+    def _group(self, rules: list[str], name: str) -> str | None:
+        """A rule choosing among ``rules`` (None when empty)."""
+        if name in self._r.rules:
+            return name
+        return self._r.add(name, self._alternatives(rules))
+
+    def _subtree(self, first: int, last: int, end: str) -> str | None:
+        """Rule of a subtree whose branches are lines ``first..last`` and whose last line ends
+        with an ``end`` value (a type, or ``answer``)."""
+        key = ("sub", first, last, end)
+        if key in self._memo:
+            return self._memo[key]
+        c = self.bounds.max_calls_per_line
+        alternatives: list[tuple[str, int]] = []
+        label = f"r{last}: " if self.fmt == "dag" else ""
+        if first == last:  # one branch: a start call and its tail
+            for out in self._types:
+                start = self._group(self._calls(0, None, out), f"start_{out}")
+                tail = self._tail(out, end, c)
+                if start and tail:
+                    alternatives.append((f"{_lit(label)} {start} {tail}",
+                                         _nbytes(label) + self._r.longest[start] + self._r.longest[tail]))
+        else:  # lines first..split, then split+1..last-1, joined on line `last`
+            for split in range(first, last - 1):
+                for left_t in self._branch_types:
+                    left = self._subtree(first, split, left_t)
+                    for right_t in self._branch_types:
+                        right = self._subtree(split + 1, last - 1, right_t)
+                        if left is None or right is None:
+                            continue
+                        for out in self._types:
+                            join = self._group(self._calls(2, (left_t, right_t), out), f"c2_{left_t}_{right_t}_{out}")
+                            tail = self._tail(out, end, c)
+                            if join is None or tail is None:
+                                continue
+                            if self.fmt == "dag":
+                                head = f"r{last}: (r{split}, r{last - 1}) {ARROW} "
+                            else:
+                                head = ""
+                            body = f'{left} "\\n" {right} "\\n" {_lit(head)} {join} {tail}'
+                            size = (self._r.longest[left] + self._r.longest[right] + 2 + _nbytes(head)
+                                    + self._r.longest[join] + self._r.longest[tail])
+                            alternatives.append((body, size))
+        name = self._r.add(f"sub_{first}_{last}_{end}", alternatives)
+        self._memo[key] = name
+        return name
+
+    def _root(self) -> None:
+        """``root``: a program of 1..max_lines branches ending with an answer, then optionally
+        the blank line that ends a program in the prompt's examples (a stop string)."""
+        programs = [self._subtree(1, last, "answer") for last in range(1, self.bounds.max_lines + 1)]
+        program = self._group([p for p in programs if p], "program")
+        if program is None:
+            raise ValueError("no KoPL program can be written over this KB's vocabulary")
+        self._r.add("root", [(f'{program} "\\n\\n"?', self._r.longest[program] + 2)])
+        # xgrammar starts at the first rule: put root first.
+        self._r.rules = {"root": self._r.rules.pop("root"), **self._r.rules}
+
+    # --- compilation -------------------------------------------------------------------------
+
+    def accepts(self, text: str) -> bool:
+        """Whether the grammar accepts ``text`` exactly (character level; no tokenizer needed)."""
+        matcher = self._text_matcher()
+        matcher.reset()
+        return bool(matcher.accept_string(text) and matcher.is_terminated())
+
+    def _xgr_grammar(self) -> Any:
+        if not hasattr(self, "_parsed"):
+            import xgrammar as xgr
+
+            self._parsed = xgr.Grammar.from_ebnf(self.ebnf, root_rule_name="root")
+        return self._parsed
+
+    def _text_matcher(self) -> Any:
+        """A matcher over characters (compiled for an empty vocabulary: fast, tokenizer-free)."""
+        if not hasattr(self, "_matcher"):
+            import xgrammar as xgr
+
+            text_only = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False)
+            self._matcher = xgr.GrammarMatcher(text_only.compile_grammar(self._xgr_grammar()),
+                                               terminate_without_stop_token=True)
+        return self._matcher
+
+
+def _nbytes(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def _char_class(forbidden: str) -> str:
+    """An EBNF negated character class of ``forbidden`` characters."""
+    escaped = "".join({"]": "\\]", "[": "\\[", "\\": "\\\\", "\n": "\\n", "^": "\\^", "-": "\\-"}.get(ch, ch)
+                      for ch in forbidden)
+    return f"[^{escaped}]"
+
+
+def build_grammar(cfg: Any, bench: Any) -> ProgramGrammar:
+    """The grammar of a run: ``bench``'s KB vocabulary, ``prompt.format`` and the ``generation`` bounds."""
+    return ProgramGrammar(bench.kb.vocabulary, cfg.prompt.format, Bounds.from_config(cfg.generation),
+                          cache_dir=cfg.retrieval.cache_dir)
+
+
+# --- compiled grammars, cached -----------------------------------------------------------------
+
+_COMPILED: dict[str, Any] = {}
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """SHA-256 of a tokenizer's vocabulary and special tokens: when it changes, so do the token masks."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    data = json.dumps([vocab, tokenizer.eos_token_id, len(tokenizer)], ensure_ascii=False)
+    return hashlib.sha256(data.encode()).hexdigest()
+
+
+def compiled(grammar: ProgramGrammar, tokenizer: Any, vocab_size: int | None = None,
+             stop_ids: Iterable[int] | None = None, cache_dir: str | Path | None = None) -> Any:
+    """``grammar`` compiled for ``tokenizer`` by xgrammar: from memory, else from the disk cache,
+    else compiled now and stored (under ``<cache>/grammars/``, with a build lock).
+
+    Args:
+        grammar: The grammar.
+        tokenizer: A transformers tokenizer.
+        vocab_size: Rows of the model's output layer, when larger than the tokenizer's vocabulary.
+        stop_ids: Token ids that end generation (allowed once the program is complete); the
+            tokenizer's end-of-sequence token when None.
+        cache_dir: Cache root (``retrieval.cache_dir`` semantics: ``$CBR2_CACHE_DIR`` or
+            ``~/.cache/cbr2`` when None).
+    """
+    import xgrammar as xgr
+
+    from cbr2.locks import build_lock
+    from cbr2.retrieval.cache import cache_root
+
+    stops = sorted(stop_ids) if stop_ids is not None else None
+    key = hashlib.sha256("\x00".join([grammar.sha256, tokenizer_fingerprint(tokenizer), str(vocab_size), str(stops),
+                                      str(xgr.get_serialization_version())]).encode()).hexdigest()[:24]
+    if key in _COMPILED:
+        return _COMPILED[key]
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stops)
+    path = cache_root(cache_dir) / "grammars" / f"{key}.json"
+    with build_lock(path, "compiled grammar"):
+        result = None
+        if path.exists():
+            try:
+                result = xgr.CompiledGrammar.deserialize_json(path.read_text(encoding="utf-8"), info)
+                log.info("compiled grammar read from %s", path)
+            except (xgr.DeserializeFormatError, xgr.DeserializeVersionError, RuntimeError) as err:
+                log.warning("%s: unreadable compiled grammar (%s); compiling again", path, err)
+        if result is None:
+            import time
+
+            start = time.perf_counter()
+            result = xgr.GrammarCompiler(info, cache_enabled=False).compile_grammar(grammar._xgr_grammar())
+            log.info("compiled the %s grammar (%d rules) in %.1f s", grammar.fmt, len(grammar._r.rules),
+                     time.perf_counter() - start)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(result.serialize_json(), encoding="utf-8")
+            tmp.replace(path)
+    _COMPILED[key] = result
+    return result
