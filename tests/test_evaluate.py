@@ -216,6 +216,32 @@ def test_the_cpu_llm_run_resumes_from_its_predictions_cache(tmp_path, monkeypatc
     assert again["hits@1"] == first["hits@1"] and again["errors"] == first["errors"]
 
 
+@pytest.mark.slow
+def test_a_constrained_cpu_llm_run_writes_only_well_typed_programs(tmp_path):
+    """generation.constrained with the real CPU LLM: every output is accepted by the run's
+    grammar, parses and type-checks, so SER is 0 (the tiny model is free to be wrong)."""
+    pytest.importorskip("xgrammar")
+    pytest.importorskip("gguf", reason="the packaged LLM needs gguf")
+    from cbr2.config import load_config
+    from cbr2.data.benchmarks import Benchmark
+    from cbr2.generation.grammar import build_grammar
+    from cbr2.kopl.checker import check_text
+    from cbr2.llm import hf
+
+    try:
+        hf.packaged_gguf()
+    except OSError as err:
+        pytest.skip(str(err))
+    metrics, out = evaluate(tmp_path, "llm.backend=hf", "eval.limit=2", "generation.constrained=true")
+    records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    grammar = build_grammar(load_config(["generation.constrained=true"]), Benchmark("mini-kqapro"))
+    assert len(records) == 2
+    for r in records:
+        assert grammar.accepts(r["generated"]), r["generated"]
+        assert check_text(r["generated"].strip(), "dag").ok and not r["syntax_error_before_repair"]
+    assert metrics["ser"] == 0.0 and metrics["ser_before_repair"] == 0.0
+
+
 def test_a_record_whose_prompt_changed_is_generated_again(tmp_path, scripted):
     from cbr2.kopl.text import to_dag_text
 
