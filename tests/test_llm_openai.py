@@ -13,6 +13,7 @@ import threading
 import time
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pytest
 from omegaconf import OmegaConf
@@ -290,3 +291,19 @@ def test_retry_after_and_backoff():
     base = openai_compat.BASE_DELAY_S
     assert all(base * 4 * 0.5 <= backoff_delay(2) < base * 4 for _ in range(50))
     assert backoff_delay(100) <= openai_compat.MAX_DELAY_S
+
+
+GRAMMAR = SimpleNamespace(ebnf='root ::= "r1: FindAll[] → Count[]"', max_bytes=99,
+                          identity=lambda: {"grammar": "abc", "format": "dag", "max_bytes": 99})
+
+
+def test_constrained_requests_carry_the_grammar(server):
+    OpenAIBackend(_cfg(server), grammar=GRAMMAR).generate(_prompts(1))
+    (body,) = server.bodies("/chat/completions")
+    assert body["structured_outputs"] == {"grammar": GRAMMAR.ebnf} and body["max_tokens"] == 100
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_the_official_api_takes_no_grammar():
+    with pytest.raises(ValueError, match="generation.constrained"):
+        OpenAIBackend(_cfg(), grammar=GRAMMAR)

@@ -229,3 +229,26 @@ def test_real_generation_with_a_small_qwen3():
         assert isinstance(c.text, str) and "\n\n" not in c.text
         assert c.prompt_tokens and c.prompt_tokens > 5 and 0 < c.completion_tokens <= 24
     assert "paris" in got[0].text.lower()
+
+
+GRAMMAR = SimpleNamespace(ebnf='root ::= "r1: FindAll[] → Count[]"', max_bytes=99,
+                          identity=lambda: {"grammar": "abc", "format": "dag", "max_bytes": 99})
+
+
+def test_constrained_generation_sends_the_grammar_and_its_cap(fake_vllm, monkeypatch):
+    sampling = types.ModuleType("vllm.sampling_params")
+
+    class StructuredOutputsParams:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+    sampling.StructuredOutputsParams = StructuredOutputsParams
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling)
+    backend = VLLMBackend(_cfg(chat=False, max_new_tokens=32), grammar=GRAMMAR)
+    backend.generate(PROMPTS[:1])
+    (engine,) = fake_vllm.engines
+    (_, params), = engine.calls
+    assert params.kwargs["structured_outputs"].kwargs == {"grammar": GRAMMAR.ebnf}
+    assert params.kwargs["max_tokens"] == 100  # the grammar's longest text, not llm.max_new_tokens
+    assert backend.identity()["grammar"] == "abc" and VLLMBackend(_cfg()).identity().get("grammar") is None
+    assert "structured_outputs" not in sampling_kwargs(_cfg())
