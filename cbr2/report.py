@@ -53,6 +53,9 @@ DISTINGUISHING = (
     ("format", ("config", "prompt", "format")),
     ("cases", ("config", "retrieval", "cases")),
     ("encoder", ("config", "retrieval", "encoder")),
+    ("constrained", ("config", "generation", "constrained")),
+    ("canonicalize", ("config", "generation", "canonicalize")),
+    ("fallback", ("config", "generation", "fallback")),
     ("prompt", ("prompt_version",)),
     ("git", ("git",)),
 )

@@ -27,7 +27,7 @@ HASH = "a" * 64
 
 
 def write_run(root, name, per_category, *, ablation=None, benchmark="kqapro", split="val", model="Qwen/Qwen3-8B",
-              seed=0, git="abc123", qhash=HASH, ser=0.0371, hits=None):
+              seed=0, git="abc123", qhash=HASH, ser=0.0371, hits=None, generation=None):
     """A run folder whose metrics.json has the structure the runner writes; ``per_category``: cat -> (hits, n)."""
     n = sum(k for _, k in per_category.values())
     metrics = {
@@ -38,7 +38,8 @@ def write_run(root, name, per_category, *, ablation=None, benchmark="kqapro", sp
         "errors": {"syntax": 0, "type": 0, "execution": 0, "empty": 0, "wrong": 0},
         "provenance": {
             "config": {"data": {"name": benchmark, "split": split}, "llm": {"backend": "vllm", "model": model},
-                       "prompt": {"format": "chain" if ablation == "chain" else "dag"}},
+                       "prompt": {"format": "chain" if ablation == "chain" else "dag"},
+                       **({"generation": generation} if generation else {})},
             "ablation": ablation, "prompt_version": "v1", "git": git, "split": split, "seed": seed, "n": n,
             **({"question_ids_sha256": qhash} if qhash else {}),
         },
@@ -132,6 +133,14 @@ def test_config_file_spelling_of_ablation_names(tmp_path):
     runs = [write_run(tmp_path, n, cats, ablation=n) for n in ("wo_knowledge", "wo_act", "full")]
     data = table_data([load_run(d) for d in runs])
     assert [r["setting"] for r in data["rows"]] == ["Full CBR²", "-w/o act knowledge", "-w/o knowledge"]
+
+
+def test_generation_switches_tell_runs_of_one_setting_apart(tmp_path):
+    cats = {c: (0.8, 10) for c in KQAPRO_CATEGORIES}
+    runs = [write_run(tmp_path, name, cats, ablation="full", generation={"constrained": on, "fallback": False})
+            for name, on in (("grammar", True), ("single", False))]
+    data = table_data([load_run(d) for d in runs])
+    assert [r["setting"] for r in data["rows"]] == ["Full CBR² (constrained=False)", "Full CBR² (constrained=True)"]
 
 
 def test_unnamed_and_duplicate_runs_get_distinct_deterministic_labels(tmp_path):
