@@ -184,8 +184,10 @@ def program_text(completion: str) -> str:
 
 # ------------------------------------------------------------- fallback correction
 
-FALLBACK_VERSION = "cbr2-fallback-1"
-"""Bump on any change to what a correction prompt (``generation.fallback``) says or how it is laid out."""
+FALLBACK_VERSION = "cbr2-fallback-2"
+"""Bump on any change to what a correction prompt (``generation.fallback``) says or how it is laid
+out, or to which of the two results a question keeps (2: a correction replaces the first pass
+only when it fails less visibly)."""
 
 EMPTY_ANSWER = ("it ran on the KB, but its answer is empty: an argument may name the wrong item, "
                 "or a step may filter everything out")

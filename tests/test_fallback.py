@@ -38,13 +38,15 @@ def mixed(q, i):
 
 
 class _Fixer:
-    """First answers from ``script(question, index)``; every correction answers the gold program.
+    """First answers from ``script(question, index)``; corrections from ``correction(question)``
+    (the gold program unless a test says otherwise).
 
     It is a test double that reads gold programs, as the gold writer does; the correction
     prompts it receives are checked separately for what they reveal.
     """
 
     script = staticmethod(mixed)
+    correction = staticmethod(lambda q: to_dag_text(q.program))
     questions: dict = {}  # noqa: RUF012 - set by the fixture
     order: dict = {}  # noqa: RUF012 - question id -> position in the evaluated split
     calls: list = []  # noqa: RUF012 - (question id, is a correction) per prompt generated
@@ -68,7 +70,7 @@ class _Fixer:
             _Fixer.calls.append((p.qid, correction))
             if correction:
                 _Fixer.corrections.append(p)
-                text = to_dag_text(q.program)
+                text = _Fixer.correction(q)
             else:
                 text = _Fixer.script(q, _Fixer.order[p.qid])
             out.append(Completion(text, prompt_tokens=100, completion_tokens=10))
@@ -87,6 +89,7 @@ def fixer(monkeypatch):
     _Fixer.order = {q.qid: i for i, q in enumerate(val)}
     _Fixer.calls, _Fixer.corrections, _Fixer.grammar = [], [], None
     monkeypatch.setattr(_Fixer, "script", staticmethod(mixed))
+    monkeypatch.setattr(_Fixer, "correction", staticmethod(lambda q: to_dag_text(q.program)))
     return _Fixer
 
 
@@ -145,6 +148,22 @@ def test_failures_get_one_correction_and_both_passes_are_scored(tmp_path, fixer)
         sum(r["fallback"].get("latency_s", 0) for r in records) / 24)
     # Each failure's first pass was written (pending) before its final record.
     assert len((out / "predictions.jsonl").read_text().splitlines()) == 24 + 18
+
+
+def test_a_correction_that_fails_no_less_visibly_does_not_replace_the_first_pass(tmp_path, fixer):
+    fixer.correction = staticmethod(lambda q: "no program, sorry")  # every correction fails to parse
+    metrics = evaluate(tmp_path / "run", "generation.fallback=true")
+    fb = metrics["fallback"]
+    assert fb["fired"] == 18 and fb["kept_correction"] == 0 and fb["fixed"] == 0
+    assert fb["corrections"] == {"syntax": 18}
+    # The visible result never got worse: the final metrics are the single pass's.
+    for key in ("hits@1", "ser", "errors"):
+        assert metrics[key] == metrics["single_pass"][key]
+    for r in records_of(tmp_path / "run"):
+        if r["fallback"]["fired"]:
+            assert r["fallback"]["kept"] == "single_pass" and r["fallback"]["error_kind"] == "syntax"
+            assert r["generated"] == r["single_pass"]["generated"] and r["error_kind"] == r["single_pass"]["error_kind"]
+            assert r["fallback"]["generated"] == "no program, sorry"
 
 
 def test_the_correction_prompt_shows_the_error_and_the_nearest_valid_items(tmp_path, fixer):

@@ -11,13 +11,15 @@ and the arguments of a record, never its gold side.
 
 Record layout (``predictions.jsonl``) with the fallback on:
 
-* top-level fields: the final result, i.e. the correction's when the fallback fired, except
-  ``latency_s``, ``prompt_tokens`` and ``completion_tokens``, which add up both generations
+* top-level fields: the final result, i.e. the correction's when the fallback fired and the
+  correction fails less visibly than the first pass (``VISIBLE_SEVERITY``), else the first
+  pass's; ``latency_s``, ``prompt_tokens`` and ``completion_tokens`` add up both generations
   (what the question cost);
 * ``single_pass``: the first pass's ``SINGLE_PASS_FIELDS`` (equal to the top-level ones when
   the fallback did not fire);
-* ``fallback``: ``{"fired": False}``, or ``{"fired": True, "generated", "latency_s",
-  "prompt_tokens", "completion_tokens", "fixed", "prompt_hash", "version"}``. A first pass
+* ``fallback``: ``{"fired": False}``, or ``{"fired": True, "kept", "generated", "error_kind",
+  "latency_s", "prompt_tokens", "completion_tokens", "fixed", "prompt_hash", "version"}``
+  (``kept``: ``correction`` or ``single_pass``; ``error_kind``: the correction's own). A first pass
   whose correction has not run yet is written with ``{"pending": True}``; a resumed run runs
   only the correction for it.
 
@@ -47,6 +49,12 @@ SINGLE_PASS_FIELDS = ("generated", "program", "repairs", "answer", "correct", "e
                       "prompt_tokens", "completion_tokens")
 """What ``single_pass`` keeps of the first pass: enough to score it (``compute_metrics`` and its
 error analysis read these) and to say what it cost."""
+
+VISIBLE_SEVERITY = {"syntax": 4, "type": 3, "execution": 2, "empty": 1}
+"""How badly a program visibly fails; an answer (right or ``wrong``: the two cannot be told apart
+without the gold answer) is 0. A correction replaces the first pass only when it is lower, so
+the round never makes a visible result worse (a correction that fails to parse does not replace
+a first pass that ran to an empty answer)."""
 
 MAX_ARGUMENTS = 4
 """Arguments that get suggestions in one correction prompt (the first ones involved)."""
@@ -84,7 +92,8 @@ def _total(first: float | None, second: float | None) -> float | None:
 
 def corrected(first: dict[str, Any], second: dict[str, Any], completion: Completion, latency_s: float,
               prompt_hash: str) -> dict[str, Any]:
-    """The final record of a question whose fallback fired.
+    """The final record of a question whose fallback fired: the correction's result when it fails
+    less visibly than the first pass (``VISIBLE_SEVERITY``), else the first pass's.
 
     Args:
         first: Its pending first-pass record.
@@ -94,20 +103,29 @@ def corrected(first: dict[str, Any], second: dict[str, Any], completion: Complet
         prompt_hash: ``prompt_hash`` of the correction prompt.
     """
     single = first["single_pass"]
+    kept = "correction" if _severity(second) < _severity(single) else "single_pass"
+    if kept == "correction":
+        final = {**second, "generated": completion.text}
+    else:
+        final = {k: v for k, v in first.items() if k not in ("single_pass", "fallback")}
     return {
-        **second,
-        "generated": completion.text,
+        **final,
         "prompt_hash": first["prompt_hash"],
         "generation_key": first["generation_key"],
         "latency_s": _total(single["latency_s"], latency_s),
         "prompt_tokens": _total(single["prompt_tokens"], completion.prompt_tokens),
         "completion_tokens": _total(single["completion_tokens"], completion.completion_tokens),
         "single_pass": single,
-        "fallback": {"fired": True, "generated": completion.text, "latency_s": latency_s,
-                     "prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens,
-                     "fixed": bool(second["correct"]) and not single["correct"], "prompt_hash": prompt_hash,
-                     "version": FALLBACK_VERSION},
+        "fallback": {"fired": True, "kept": kept, "generated": completion.text, "error_kind": second["error_kind"],
+                     "latency_s": latency_s, "prompt_tokens": completion.prompt_tokens,
+                     "completion_tokens": completion.completion_tokens,
+                     "fixed": kept == "correction" and bool(second["correct"]) and not single["correct"],
+                     "prompt_hash": prompt_hash, "version": FALLBACK_VERSION},
     }
+
+
+def _severity(record: dict[str, Any]) -> int:
+    return VISIBLE_SEVERITY.get(record.get("error_kind"), 0)
 
 
 # ---------------------------------------------------------------- the correction prompt
@@ -223,7 +241,8 @@ def fallback_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     Returns:
         ``fired`` (questions that got a correction) and ``fired_rate`` (of all), ``fixed``
         (right after and not before) and ``fixed_rate_of_fired``, ``still_failing`` (fired,
-        still not right), ``after`` (final error kinds of the fired questions, ``right`` for
+        still not right), ``kept_correction`` (corrections that replaced their first pass),
+        ``corrections`` (the corrections' own error kinds, ``right`` when right), ``after`` (final error kinds of the fired questions, ``right`` for
         the fixed ones), ``by_error_kind`` (``{"fired", "fixed"}`` per single-pass error kind),
         ``extra_seconds_per_question`` (the corrections' time over all questions) and
         ``extra_seconds_per_fired``. Rates of nothing are None.
@@ -243,6 +262,8 @@ def fallback_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "fixed": fixed,
         "fixed_rate_of_fired": fixed / len(fired) if fired else None,
         "still_failing": len(fired) - fixed,
+        "kept_correction": sum(r["fallback"].get("kept") == "correction" for r in fired),
+        "corrections": dict(Counter(r["fallback"].get("error_kind") or "right" for r in fired)),
         "after": dict(Counter(r["error_kind"] or "right" for r in fired)),
         "by_error_kind": by_kind,
         "extra_seconds_per_question": extra / n if n else None,
@@ -277,5 +298,7 @@ def render_fallback(metrics: dict[str, Any]) -> list[str]:
         lines += ["", "| single-pass error | fired | fixed |", "|---|---:|---:|"]
         lines += [f"| {kind} | {c['fired']} | {c['fixed']} |" for kind, c in fb["by_error_kind"].items()]
         after = ", ".join(f"{kind} {count}" for kind, count in sorted(fb["after"].items()))
-        lines += ["", f"After the correction: {after}."]
+        own = ", ".join(f"{kind} {count}" for kind, count in sorted((fb.get("corrections") or {}).items()))
+        lines += ["", f"The corrections themselves: {own}; {fb.get('kept_correction', 0)} of {fb['fired']} failed less "
+                      f"visibly than their first pass and replaced it. Final results of these questions: {after}."]
     return lines
