@@ -299,6 +299,6 @@ def render_fallback(metrics: dict[str, Any]) -> list[str]:
         lines += [f"| {kind} | {c['fired']} | {c['fixed']} |" for kind, c in fb["by_error_kind"].items()]
         after = ", ".join(f"{kind} {count}" for kind, count in sorted(fb["after"].items()))
         own = ", ".join(f"{kind} {count}" for kind, count in sorted((fb.get("corrections") or {}).items()))
-        lines += ["", f"The corrections themselves: {own}; {fb.get('kept_correction', 0)} of {fb['fired']} failed less "
-                      f"visibly than their first pass and replaced it. Final results of these questions: {after}."]
+        lines += ["", (f"The corrections themselves: {own}; {fb.get('kept_correction', 0)} of {fb['fired']} failed "
+                       f"less visibly than their first pass and replaced it. Final results of these questions: {after}.")]
     return lines
