@@ -21,7 +21,7 @@ import time
 
 from cbr2.data.benchmarks import Benchmark
 from cbr2.generation import grammar as grammar_module
-from cbr2.generation.grammar import ProgramGrammar, compiled
+from cbr2.generation.grammar import Bounds, ProgramGrammar, compiled
 from cbr2.kb.model import Vocabulary
 
 KQAPRO_SIZES = {"entities": 16960, "concepts": 794, "keys": 846, "qualifier_keys": 200, "relations": 363}
@@ -60,6 +60,8 @@ def main() -> None:
     parser.add_argument("--root", default=None)
     parser.add_argument("--format", default="dag", choices=["dag", "chain"])
     parser.add_argument("--tokenizer", default=None, help="a tokenizer folder or hub id (default: the packaged model's)")
+    parser.add_argument("--closed-entities", type=int, default=Bounds().closed_entities,
+                        help="generation.closed_entities: Find is a closed list up to this many names")
     args = parser.parse_args()
 
     vocab = Benchmark(args.data, args.root).kb.vocabulary if args.data else synthetic_vocabulary()
@@ -77,7 +79,7 @@ def main() -> None:
           f"{len(tokenizer)} tokens")
 
     t0 = time.perf_counter()
-    grammar = ProgramGrammar(vocab, args.format)
+    grammar = ProgramGrammar(vocab, args.format, Bounds(closed_entities=args.closed_entities))
     grammar._xgr_grammar()
     build_s = time.perf_counter() - t0
     print(f"grammar: {len(grammar.ebnf) / 1e6:.2f} MB of EBNF, longest program {grammar.max_bytes} bytes, "

@@ -117,7 +117,7 @@ class GenerationConfig:
     """Grammar bound: one-input calls chained after a line's start or join."""
     max_literal_chars: int = 48
     """Grammar bound: characters of a free-text argument (string values, entity names of a large KB)."""
-    closed_entities: int = 100000
+    closed_entities: int = 2000
     """``Find``'s argument is a closed list of the KB's names when it has at most this many, else free text."""
     canonicalize: bool = False
     """Before execution, snap an argument that is not in the KB's vocabulary for its slot to the

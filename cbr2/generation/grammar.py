@@ -22,7 +22,9 @@ guarantees that decoding ends inside the grammar instead of being cut mid-progra
 Closed and open slots. Concepts, attribute keys, qualifier keys and relations are closed lists
 of the KB; ops and directions the table's own lists; quantities, years and dates are literal
 patterns that the type checker accepts. ``Find``'s argument is a closed list of the KB's names
-up to ``generation.closed_entities`` of them (the mini KBs, KQA Pro's 17k), free text above;
+up to ``generation.closed_entities`` of them (2,000: the mini KBs), free text above (KQA Pro's
+17k names: xgrammar's token-mask tables of a list that long did not fit in 24 GB; canonicalisation
+snaps a misspelt name afterwards);
 string values are free text (a question's value need not be anywhere in the retrieved
 knowledge, and a per-question list would make a retrieval miss unrecoverable).
 
@@ -67,7 +69,7 @@ class Bounds:
     max_lines: int = 7
     max_calls_per_line: int = 6
     max_literal_chars: int = 48
-    closed_entities: int = 100000
+    closed_entities: int = 2000
 
     @classmethod
     def from_config(cls, gen: Any) -> Bounds:
