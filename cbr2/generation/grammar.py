@@ -43,6 +43,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from cbr2.config import GenerationConfig
 from cbr2.kb.model import Vocabulary
 from cbr2.kopl.functions import ALIASES, ANSWER_TYPES, CLOSED_KINDS, FUNCTIONS, FunctionSpec, accepts
 from cbr2.kopl.grounding import SLOT_KINDS, slot_items
@@ -64,12 +65,13 @@ leap years only, which a grammar cannot see cheaply; the checker accepts every d
 
 @dataclass(frozen=True)
 class Bounds:
-    """Size limits that make the program language finite (``generation.*``)."""
+    """Size limits that make the program language finite (``generation.*``; the defaults are the
+    config schema's)."""
 
-    max_lines: int = 7
-    max_calls_per_line: int = 6
-    max_literal_chars: int = 48
-    closed_entities: int = 2000
+    max_lines: int = GenerationConfig.max_lines
+    max_calls_per_line: int = GenerationConfig.max_calls_per_line
+    max_literal_chars: int = GenerationConfig.max_literal_chars
+    closed_entities: int = GenerationConfig.closed_entities
 
     @classmethod
     def from_config(cls, gen: Any) -> Bounds:
@@ -92,7 +94,6 @@ class _Rules:
 
     def add(self, name: str, alternatives: list[tuple[str, int]]) -> str | None:
         """Define ``name`` as the alternatives ``(body, longest)``; None when there are none."""
-        alternatives = [a for a in alternatives if a[0] is not None]
         if not alternatives:
             return None
         self.rules[name] = " | ".join(body for body, _ in alternatives)

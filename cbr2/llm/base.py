@@ -83,8 +83,21 @@ def cut_at_stop(text: str, stop: Iterable[str]) -> str:
     return text[:end]
 
 
-def decoding_identity(cfg: Any, **fields: Any) -> dict[str, Any]:
-    """A backend's predictions-cache key: its own ``fields`` plus the decoding parameters.
+def token_cap(cfg: Any, grammar: Any = None) -> int:
+    """Most tokens one completion may have: ``llm.max_new_tokens``, or under a grammar
+    (``generation.constrained``) its longest text in bytes plus the end-of-sequence token.
+
+    Every token is at least one byte of the grammar's finite language, so that cap never cuts a
+    constrained program mid-line, which ``llm.max_new_tokens`` could.
+    """
+    if grammar is not None:
+        return grammar.max_bytes + 1
+    return int(option(cfg, "max_new_tokens", 160))
+
+
+def decoding_identity(cfg: Any, grammar: Any = None, **fields: Any) -> dict[str, Any]:
+    """A backend's predictions-cache key: its own ``fields`` plus the decoding parameters, and the
+    grammar's identity and token cap when it decodes under one.
 
     The seed only counts when sampling (temperature > 0): greedy output does not depend on it.
     """
@@ -93,6 +106,8 @@ def decoding_identity(cfg: Any, **fields: Any) -> dict[str, Any]:
              "top_p": float(getattr(cfg, "top_p", 1.0)), "stop": stop_strings(cfg)}
     if temperature > 0:
         ident["seed"] = int(getattr(cfg, "seed", 0))
+    if grammar is not None:
+        ident.update(grammar.identity(), max_new_tokens=token_cap(cfg, grammar))
     return ident
 
 

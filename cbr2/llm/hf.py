@@ -42,7 +42,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cbr2.llm.base import Completion, Prompt, apply_chat_template, cut_at_stop, decoding_identity, option, stop_strings
+from cbr2.llm.base import (
+    Completion,
+    Prompt,
+    apply_chat_template,
+    cut_at_stop,
+    decoding_identity,
+    option,
+    stop_strings,
+    token_cap,
+)
 from cbr2.locks import build_lock
 
 log = logging.getLogger(__name__)
@@ -296,11 +305,7 @@ class HFBackend:
         self.lookup = lookup
         self.stop = stop_strings(cfg)
         self.reuse_prefix = reuse_prefix
-        self.max_new_tokens = int(option(cfg, "max_new_tokens", 160))
-        if grammar is not None:
-            # Every token is at least one byte of a finite language: this cap is never what
-            # ends a constrained program (llm.max_new_tokens would cut it mid-line).
-            self.max_new_tokens = grammar.max_bytes + 1
+        self.max_new_tokens = token_cap(cfg, grammar)
         self.temperature = float(option(cfg, "temperature", 0.0))
         self.top_p = float(option(cfg, "top_p", 1.0))
         self.seed = int(option(cfg, "seed", 0))
@@ -357,11 +362,8 @@ class HFBackend:
 
     def identity(self) -> dict[str, Any]:
         """What, beside the prompt, decides the output: the predictions-cache key (no weights read)."""
-        ident = decoding_identity(self.cfg, backend=self.name, model=self.source, chat=self.uses_chat,
-                                  dtype=self.dtype_name)
-        if self.grammar is not None:
-            ident.update(self.grammar.identity(), max_new_tokens=self.max_new_tokens)
-        return ident
+        return decoding_identity(self.cfg, self.grammar, backend=self.name, model=self.source, chat=self.uses_chat,
+                                 dtype=self.dtype_name)
 
     def _folder(self) -> str:
         """Where from_pretrained reads: the converted folder for the packaged model."""

@@ -23,7 +23,7 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, as_co
 from typing import Any
 from urllib.parse import urlparse
 
-from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, option, stop_strings
+from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, option, stop_strings, token_cap
 
 BASE_DELAY_S = 1.0
 """First backoff delay; doubles with every retry (tests make it small)."""
@@ -158,10 +158,7 @@ class OpenAIBackend:
         The server URL is left out on purpose: the same model behind another address or port
         gives the same predictions.
         """
-        ident = decoding_identity(self.cfg, backend=self.name, model=self.model, chat=self.uses_chat)
-        if self.grammar is not None:
-            ident.update(self.grammar.identity(), max_new_tokens=self.grammar.max_bytes + 1)
-        return ident
+        return decoding_identity(self.cfg, self.grammar, backend=self.name, model=self.model, chat=self.uses_chat)
 
     def render(self, prompt: Prompt) -> str:
         """What is sent for ``prompt``: the plain text, or the chat messages (the server applies its template)."""
@@ -202,16 +199,14 @@ class OpenAIBackend:
             "model": self.model,
             "temperature": temperature,
             "top_p": float(option(self.cfg, "top_p", 1.0)) if temperature > 0 else 1.0,
-            "max_tokens": int(option(self.cfg, "max_new_tokens", 160)),
+            "max_tokens": token_cap(self.cfg, self.grammar),
             "seed": int(option(self.cfg, "seed", 0)),
         }
         if self.stop:
             kwargs["stop"] = self.stop
         extra: dict[str, Any] = {}
         if self.grammar is not None:
-            # vLLM's structured outputs; the cap is the grammar's longest text, so no program is cut.
-            extra["structured_outputs"] = {"grammar": self.grammar.ebnf}
-            kwargs["max_tokens"] = self.grammar.max_bytes + 1
+            extra["structured_outputs"] = {"grammar": self.grammar.ebnf}  # vLLM's structured outputs
         if not self.uses_chat:
             kwargs["prompt"] = prompt.text
         else:

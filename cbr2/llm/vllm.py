@@ -17,7 +17,16 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from cbr2.llm.base import Completion, Prompt, apply_chat_template, cut_at_stop, decoding_identity, option, stop_strings
+from cbr2.llm.base import (
+    Completion,
+    Prompt,
+    apply_chat_template,
+    cut_at_stop,
+    decoding_identity,
+    option,
+    stop_strings,
+    token_cap,
+)
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +133,12 @@ def sampling_kwargs(cfg: Any, grammar: Any = None) -> dict[str, Any]:
     kwargs = {
         "temperature": 0.0 if greedy else temperature,
         "top_p": 1.0 if greedy else float(option(cfg, "top_p", 1.0)),
-        "max_tokens": int(option(cfg, "max_new_tokens", 160)),
+        "max_tokens": token_cap(cfg, grammar),
         "stop": stop_strings(cfg),
         "seed": None if greedy else int(option(cfg, "seed", 0)),
     }
     if grammar is not None:
-        kwargs.update(max_tokens=grammar.max_bytes + 1, structured_outputs={"grammar": grammar.ebnf})
+        kwargs["structured_outputs"] = {"grammar": grammar.ebnf}
     return kwargs
 
 
@@ -202,10 +211,7 @@ class VLLMBackend:
 
     def identity(self) -> dict[str, Any]:
         """What, beside the prompt, decides the output: the predictions-cache key."""
-        ident = decoding_identity(self.cfg, backend=self.name, model=self.model, chat=self.uses_chat)
-        if self.grammar is not None:
-            ident.update(self.grammar.identity(), max_new_tokens=self.grammar.max_bytes + 1)
-        return ident
+        return decoding_identity(self.cfg, self.grammar, backend=self.name, model=self.model, chat=self.uses_chat)
 
     def tokenizer(self) -> Any:
         """The model's tokenizer, loaded once."""
