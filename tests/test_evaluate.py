@@ -194,16 +194,23 @@ def test_offline_wandb_gets_the_run(tmp_path, monkeypatch):
     assert json.loads(per_cat.read_text())["columns"][:2] == ["category", "hits@1"]
 
 
-@pytest.mark.slow
-def test_the_cpu_llm_run_resumes_from_its_predictions_cache(tmp_path, monkeypatch):
-    pytest.importorskip("gguf", reason="the packaged LLM needs gguf")
-    from cbr2.llm import hf
+def _needs_packaged(name: str) -> None:
+    """Skip unless llama-cpp-python and the packages of the packaged model ``name`` are installed."""
+    pytest.importorskip("llama_cpp", reason="llm.backend=llamacpp needs llama-cpp-python")
+    from cbr2.llm.packaged import chunk_paths, packaged
 
     try:
-        hf.packaged_gguf()
+        chunk_paths(packaged(name))
     except OSError as err:
         pytest.skip(str(err))
-    first, out = evaluate(tmp_path, "llm.backend=hf", "eval.limit=2")
+
+
+@pytest.mark.slow
+def test_the_cpu_llm_run_resumes_from_its_predictions_cache(tmp_path, monkeypatch):
+    _needs_packaged("smollm2-135m")
+    from cbr2.llm.llamacpp import LlamaCppBackend
+
+    first, out = evaluate(tmp_path, "llm.model=smollm2-135m", "eval.limit=2")
     records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(r["prompt_tokens"] > 1000 and r["completion_tokens"] for r in records)
 
@@ -211,28 +218,24 @@ def test_the_cpu_llm_run_resumes_from_its_predictions_cache(tmp_path, monkeypatc
         assert not prompts, "a cached prediction was generated again"
         return []
 
-    monkeypatch.setattr(hf.HFBackend, "generate", no_generation)
-    again, _ = evaluate(tmp_path, "llm.backend=hf", "eval.limit=2")
+    monkeypatch.setattr(LlamaCppBackend, "generate", no_generation)
+    again, _ = evaluate(tmp_path, "llm.model=smollm2-135m", "eval.limit=2")
     assert again["hits@1"] == first["hits@1"] and again["errors"] == first["errors"]
 
 
 @pytest.mark.slow
-def test_a_constrained_cpu_llm_run_writes_only_well_typed_programs(tmp_path):
-    """generation.constrained with the real CPU LLM: every output is accepted by the run's
-    grammar, parses and type-checks, so SER is 0 (the tiny model is free to be wrong)."""
+@pytest.mark.parametrize("model", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+def test_a_constrained_cpu_llm_run_writes_only_well_typed_programs(tmp_path, model):
+    """generation.constrained with a real CPU LLM: every output is accepted by the run's
+    grammar, parses and type-checks, so SER is 0 (the model is free to be wrong)."""
     pytest.importorskip("xgrammar")
-    pytest.importorskip("gguf", reason="the packaged LLM needs gguf")
+    _needs_packaged(model)
     from cbr2.config import load_config
     from cbr2.data.benchmarks import Benchmark
     from cbr2.generation.grammar import build_grammar
     from cbr2.kopl.checker import check_text
-    from cbr2.llm import hf
 
-    try:
-        hf.packaged_gguf()
-    except OSError as err:
-        pytest.skip(str(err))
-    metrics, out = evaluate(tmp_path, "llm.backend=hf", "eval.limit=2", "generation.constrained=true")
+    metrics, out = evaluate(tmp_path, f"llm.model={model}", "eval.limit=2", "generation.constrained=true")
     records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     grammar = build_grammar(load_config(["generation.constrained=true"]), Benchmark("mini-kqapro"))
     assert len(records) == 2
@@ -240,6 +243,19 @@ def test_a_constrained_cpu_llm_run_writes_only_well_typed_programs(tmp_path):
         assert grammar.accepts(r["generated"]), r["generated"]
         assert check_text(r["generated"].strip(), "dag").ok and not r["syntax_error_before_repair"]
     assert metrics["ser"] == 0.0 and metrics["ser_before_repair"] == 0.0
+
+
+@pytest.mark.slow
+def test_the_default_qwen_model_answers_with_its_cases(tmp_path):
+    """The CPU default (Qwen2.5-Coder-0.5B, DAG prompt with knowledge and dual cases) on the first
+    9 questions of the balanced sample, one per category: it must get some right and write
+    parseable programs for most. (A model that fails every question would prove nothing.)"""
+    _needs_packaged("qwen2.5-coder-0.5b")
+    cfg = load_config([f"output_dir={tmp_path / 'run'}", "wandb.mode=disabled", "eval.per_category=1",
+                       "structural.checkpoints_dir=" + str(tmp_path / "ckpt"), "retrieval.cases=semantic"])
+    metrics = run_evaluation(cfg)
+    assert metrics["n"] == 9
+    assert metrics["hits@1"] >= 2 / 9 and metrics["ser"] <= 4 / 9, metrics
 
 
 def test_a_record_whose_prompt_changed_is_generated_again(tmp_path, scripted):

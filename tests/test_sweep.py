@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cbr2.config import ConfigError
-from cbr2.sweep import Sweep, expand_grid, main, split_values
+from cbr2.sweep import Sweep, expand_grid, expand_vary, main, split_values
 
 BASE = ["llm.backend=gold", "eval.per_category=null", "eval.limit=6", "wandb.mode=disabled",
         "structural.checkpoint=sentence-transformers/all-MiniLM-L6-v2"]
@@ -26,6 +26,22 @@ def test_grid_values_and_run_names():
         expand_grid([None], ["llm.seed"])
     with pytest.raises(ConfigError, match="given twice"):
         expand_grid([None], ["llm.seed=0", "llm.seed=1"])
+
+
+def test_vary_changes_one_factor_at_a_time_around_the_base():
+    from cbr2.config import CONFIG_DIR, Config, load_config
+
+    base = load_config(["prompt.case_triples=2"], files=[CONFIG_DIR / "evaluate.yaml"], schema=Config)
+    runs = expand_vary([None], ["prompt.case_triples=0,2,null", "retrieval.k_semantic,retrieval.k_structural=2,5"],
+                       base)
+    assert [r.name for r in runs] == ["run", "run__prompt.case_triples=0", "run__prompt.case_triples=null",
+                                      "run__retrieval.k_semantic-retrieval.k_structural=2",
+                                      "run__retrieval.k_semantic-retrieval.k_structural=5"]
+    assert runs[0].overrides == [] and runs[2].overrides == ["prompt.case_triples=null"]
+    assert runs[4].overrides == ["retrieval.k_semantic=5", "retrieval.k_structural=5"]
+    with pytest.raises(ConfigError, match="unknown key 'prompt.case_tripels'"):
+        expand_vary([None], ["prompt.case_tripels=1"], base)
+    assert main(["submit", "--dry-run", "--vary", "llm.seed=1", "--grid", "llm.seed=2", *BASE]) == 2
 
 
 def test_dry_run_writes_the_sweep_and_prints_one_array(tmp_path, capsys):

@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -359,8 +359,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 def compiled(grammar: ProgramGrammar, tokenizer: Any, vocab_size: int | None = None,
              stop_ids: Iterable[int] | None = None, cache_dir: str | Path | None = None) -> Any:
-    """``grammar`` compiled for ``tokenizer`` by xgrammar: from memory, else from the disk cache,
-    else compiled now and stored (under ``<cache>/grammars/``, with a build lock).
+    """``grammar`` compiled by xgrammar for a transformers ``tokenizer`` (see ``compiled_for``).
 
     Args:
         grammar: The grammar.
@@ -373,15 +372,34 @@ def compiled(grammar: ProgramGrammar, tokenizer: Any, vocab_size: int | None = N
     """
     import xgrammar as xgr
 
+    stops = sorted(stop_ids) if stop_ids is not None else None
+    fingerprint = "\x00".join([tokenizer_fingerprint(tokenizer), str(vocab_size), str(stops)])
+    return compiled_for(grammar, lambda: xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                                             stop_token_ids=stops),
+                        fingerprint, cache_dir)
+
+
+def compiled_for(grammar: ProgramGrammar, tokenizer_info: Callable[[], Any], fingerprint: str,
+                 cache_dir: str | Path | None = None) -> Any:
+    """``grammar`` compiled by xgrammar for one vocabulary: from memory, else from the disk cache,
+    else compiled now and stored (under ``<cache>/grammars/``, with a build lock).
+
+    Args:
+        grammar: The grammar.
+        tokenizer_info: Builds the ``xgrammar.TokenizerInfo`` of the vocabulary (called once per process).
+        fingerprint: Changes whenever the token masks would (vocabulary, special and stop tokens).
+        cache_dir: Cache root (``retrieval.cache_dir`` semantics).
+    """
+    import xgrammar as xgr
+
     from cbr2.locks import build_lock
     from cbr2.retrieval.cache import cache_root
 
-    stops = sorted(stop_ids) if stop_ids is not None else None
-    key = hashlib.sha256("\x00".join([grammar.sha256, tokenizer_fingerprint(tokenizer), str(vocab_size), str(stops),
+    key = hashlib.sha256("\x00".join([grammar.sha256, fingerprint,
                                       str(xgr.get_serialization_version())]).encode()).hexdigest()[:24]
     if key in _COMPILED:
         return _COMPILED[key]
-    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stops)
+    info = tokenizer_info()
     path = cache_root(cache_dir) / "grammars" / f"{key}.json"
     with build_lock(path, "compiled grammar"):
         result = None

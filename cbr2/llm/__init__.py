@@ -22,6 +22,7 @@ BACKENDS: dict[str, str] = {
     "hf": "cbr2.llm.hf:HFBackend",
     "vllm": "cbr2.llm.vllm:VLLMBackend",
     "openai": "cbr2.llm.openai_compat:OpenAIBackend",
+    "llamacpp": "cbr2.llm.llamacpp:LlamaCppBackend",
     "gold": "cbr2.llm.gold:GoldBackend",
 }
 """``llm.backend`` name → ``module:Class``."""

