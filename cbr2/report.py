@@ -284,6 +284,8 @@ def table_data(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     Raises:
         ReportError: As :func:`check_runs`.
     """
+    from cbr2.evaluation.metrics import paired_difference
+
     notes = check_runs(runs)
     ordered = labelled(runs)
     cols = _columns(ordered)
@@ -293,6 +295,12 @@ def table_data(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         m = r["metrics"]
         ref = _reference(r, fulls)
         delta = None if ref is None or ref is r else _percent(m["hits@1"] - ref["metrics"]["hits@1"])
+        paired = None
+        if delta is not None:
+            mine, theirs = _correctness(r), _correctness(ref)
+            common = sorted(mine.keys() & theirs.keys())
+            if common:
+                paired = paired_difference([mine[q] for q in common], [theirs[q] for q in common])
         rows.append({
             "group": r["group"],
             "setting": r["label"],
@@ -303,6 +311,10 @@ def table_data(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "per_category_n": {c: m["per_category"].get(c, {}).get("n") for c, _ in cols},
             "overall": _percent(m["hits@1"]),
             "delta_vs_full": delta,
+            # Paired bootstrap over the questions both runs answered (95%), and the flips.
+            "delta_ci": None if paired is None else [_percent(paired["low"]), _percent(paired["high"])],
+            "flips": None if paired is None else {"gained": paired["a_only"], "lost": paired["b_only"],
+                                                  "n": paired["n"]},
             "reference": None if ref is None or ref is r else ref["label"],
             "ser": _percent(m["ser"]),
             "ser_before_repair": _percent(m["ser_before_repair"]) if "ser_before_repair" in m else None,
@@ -323,6 +335,17 @@ def table_data(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _correctness(run: dict[str, Any]) -> dict[str, bool]:
+    """Question id → correct, from the run's ``predictions.jsonl`` (read once per run)."""
+    if "_correct" not in run:
+        from cbr2.evaluation.runner import load_predictions
+
+        path = Path(run["dir"]) / "predictions.jsonl"
+        records = load_predictions(path) if path.is_file() else {}
+        run["_correct"] = {qid: bool(rec.get("correct")) for qid, rec in records.items()}
+    return run["_correct"]
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -335,9 +358,11 @@ def render_table(data: dict[str, Any], title: str | None = None) -> str:
     if any(c["header"] != c["category"] for c in cols):
         lines += ["Hits@1 (%) per category; " + "; ".join(f"{c['header']}: {c['category']}" for c in cols
                                                            if c["header"] != c["category"]) + ".", ""]
-    lines += [("Δ vs full: Overall minus that of the full run with the same LLM and seed (— where there is none); "
-               "SER after repair."), ""]
-    header = ["Category group", "Setting", *(c["header"] for c in cols), "Overall", "Δ vs full (points)", "SER (%)", "n"]
+    lines += [("Δ vs full: Overall minus that of the full run with the same LLM and seed (— where there is none), "
+               "with its 95% paired bootstrap interval over the questions; flips: questions only this setting / only "
+               "the full run got right; SER after repair."), ""]
+    header = ["Category group", "Setting", *(c["header"] for c in cols), "Overall", "Δ vs full (points)",
+              "95% CI", "flips", "SER (%)", "n"]
     lines += ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 2)]
     previous_group = None
     for row in data["rows"]:
@@ -346,12 +371,47 @@ def render_table(data: dict[str, Any], title: str | None = None) -> str:
         previous_group = row["group"]
         cells = [f"{v:.2f}" if v is not None else "—" for v in row["per_category"].values()]
         delta = "—" if row["delta_vs_full"] is None else f"{row['delta_vs_full']:+.2f}"
+        ci = "—" if not row.get("delta_ci") else f"[{row['delta_ci'][0]:+.2f}, {row['delta_ci'][1]:+.2f}]"
+        flips = "—" if not row.get("flips") else f"+{row['flips']['gained']} / −{row['flips']['lost']}"
         lines.append("| " + " | ".join([_cell(group), _cell(row["setting"]), *cells, f"{row['overall']:.2f}", delta,
-                                        f"{row['ser']:.2f}", str(row["n"])]) + " |")
+                                        ci, flips, f"{row['ser']:.2f}", str(row["n"])]) + " |")
     if data["notes"]:
         for note in data["notes"]:
             # A blank line between notes, or Markdown merges them into one paragraph.
             lines += ["", f"> **Note:** {note}"]
+    return "\n".join(lines) + "\n"
+
+
+def versus_table(base: dict[str, Any], runs: Sequence[tuple[str, dict[str, Any]]], title: str) -> str:
+    """Markdown of settings against one base run (a one-factor-at-a-time sweep), with paired intervals.
+
+    Args:
+        base: The loaded base run.
+        runs: ``(label, loaded run)`` of each other setting, in display order.
+        title: First heading.
+    """
+    from cbr2.evaluation.metrics import paired_difference
+
+    header = ["setting", "Hits@1 (%)", "Δ vs base (points)", "95% CI", "flips", "SER (%)", "s / question",
+              "prompt tokens", "n"]
+    lines = [f"# {title}", "", ("Δ vs base: Hits@1 minus the base run's, with its 95% paired bootstrap interval over "
+                                "the questions; flips: questions only this setting / only the base got right."), "",
+             "| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    ref = _correctness(base)
+    for label, run in [("base", base), *runs]:
+        m = run["metrics"]
+        gen = m.get("generation") or {}
+        cells = [label, f"{_percent(m['hits@1']):.2f}", "—", "—", "—"]
+        if run is not base:
+            mine = _correctness(run)
+            common = sorted(mine.keys() & ref.keys())
+            d = paired_difference([mine[q] for q in common], [ref[q] for q in common])
+            cells[2:5] = [f"{_percent(d['delta']):+.2f}", f"[{_percent(d['low']):+.2f}, {_percent(d['high']):+.2f}]",
+                          f"+{d['a_only']} / −{d['b_only']}"]
+        spq, tokens = gen.get("seconds_per_question"), gen.get("prompt_tokens")
+        cells += [f"{_percent(m['ser']):.2f}", "—" if spq is None else f"{spq:.2f}",
+                  "—" if tokens is None else f"{tokens:.0f}", str(m["n"])]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 

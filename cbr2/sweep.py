@@ -294,12 +294,13 @@ def finalize(sweep: Sweep) -> dict[str, Any]:
         out = Path(sweep.dir) / "report"
         code = report.main([*map(str, finished), "--out", str(out), "--title", sweep.name])
         table = str(out / "ablation.md") if code == 0 else None
+    vary = _vary_tables(sweep, finished)
     starts = [s["start_s"] for s in states if "start_s" in s]
     ends = [s["start_s"] + s["seconds"] for s in states if "seconds" in s]
     summary = {
         "name": sweep.name, "runs": len(sweep.runs), "tasks": sweep.tasks,
         "states": {k: sum(s["state"] == k for s in states) for k in ("done", "failed", "running", "pending")},
-        "finished_runs": [p.name for p in finished], "incomplete_runs": incomplete, "table": table,
+        "finished_runs": [p.name for p in finished], "incomplete_runs": incomplete, "table": table, "vary": vary,
         "wall_s": (max(ends) - min(starts)) if starts and ends else None,
         "task_seconds": sum(s.get("seconds", 0.0) for s in states),
         "failed": [{"task": s["task"], "run": s["run"], "error": s.get("error")} for s in states if s["state"] == "failed"],
@@ -308,6 +309,28 @@ def finalize(sweep: Sweep) -> dict[str, Any]:
     log.info("sweep %s: %d of %d runs finished; tasks %s; wall %.0f s", sweep.name, len(finished), len(sweep.runs),
              summary["states"], summary["wall_s"] or 0)
     return summary
+
+
+def _vary_tables(sweep: Sweep, finished: list[Path]) -> str | None:
+    """``SWEEP/report/vary.md`` of a one-factor-at-a-time sweep (``--vary``): each setting against
+    its ablation's base run; None for grids or when no base run finished."""
+    from cbr2 import report
+
+    done = {p.name for p in finished}
+    bases = {r.ablation: r for r in sweep.runs if not r.overrides and r.name in done}
+    if not bases or all(not r.overrides for r in sweep.runs):
+        return None
+    parts = []
+    for ablation, base in bases.items():
+        others = [(" ".join(r.overrides), report.load_run(sweep.run_dir(r))) for r in sweep.runs
+                  if r.ablation == ablation and r.overrides and r.name in done]
+        title = f"{sweep.name} · {base.name}: one factor at a time"
+        parts.append(report.versus_table(report.load_run(sweep.run_dir(base)), others, title))
+    path = Path(sweep.dir) / "report" / "vary.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(parts), encoding="utf-8")
+    print(path.read_text(encoding="utf-8"))
+    return str(path)
 
 
 def _sbatch(args: list[str], env: dict[str, str]) -> str:

@@ -76,15 +76,30 @@ def test_evaluate_cli_errors_exit_2_with_a_message(tmp_path, args, message):
 
 
 def test_show_prompt_prints_the_prompt_and_nothing_else(tmp_path):
-    proc = _run("--show-prompt", "2", "--ablation", "w/o_knowledge", BACKBONE, "llm.backend=hf", cwd=tmp_path)
+    # smollm2-135m is prompted as plain text; the default model's chat template is tested below.
+    proc = _run("--show-prompt", "2", "--ablation", "w/o_knowledge", BACKBONE, "llm.model=smollm2-135m", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert out.startswith("You translate questions") and out.endswith("Program:\n")
     assert "\nOntology:" not in out and "\nFacts:" not in out and "\nr1: " in out  # cases, no knowledge
     assert "INFO" not in out and "INFO" in proc.stderr  # logs go to stderr
-    full = _run("--show-prompt", "2", BACKBONE, "llm.backend=hf", cwd=tmp_path).stdout
+    full = _run("--show-prompt", "2", BACKBONE, "llm.model=smollm2-135m", cwd=tmp_path).stdout
     assert "\nOntology:" in full and full.split("\n\nQuestion:")[-1] != out.split("\n\nQuestion:")[-1]
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_show_prompt_of_the_default_model_is_its_chat_template(tmp_path):
+    pytest.importorskip("llama_cpp")
+    from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, chunk_paths
+
+    try:
+        chunk_paths(PACKAGED[DEFAULT_MODEL])
+    except OSError as err:
+        pytest.skip(str(err))
+    proc = _run("--show-prompt", "0", BACKBONE, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("<|im_start|>system\nYou translate questions")
+    assert proc.stdout.endswith("Program:<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_unknown_ablation_lists_the_valid_ones(tmp_path):

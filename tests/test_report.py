@@ -71,7 +71,7 @@ def test_rows_follow_table_5_whatever_the_argument_order(tmp_path):
     header = next(line for line in md.splitlines() if line.startswith("|"))
     assert [c.strip() for c in header.strip("|").split("|")] == [
         "Category group", "Setting", "CT", "QA", "QAQ", "QN", "QR", "QRQ", "SA", "SB", "VF", "Overall",
-        "Δ vs full (points)", "SER (%)", "n"]
+        "Δ vs full (points)", "95% CI", "flips", "SER (%)", "n"]
     rows = rows_of(md)
     assert [r[1] for r in rows] == LABELS
     # A group's name stands on its first row only, as in the paper.
@@ -86,7 +86,7 @@ def test_numbers_and_delta_match_the_paper(tmp_path):
         row = rows[label]
         assert row[2:11] == [f"{v:.2f}" for v in vals]
         assert row[11] == f"{overall:.2f}"
-        assert row[13] == "3.71" and row[14] == "900"
+        assert row[15] == "3.71" and row[16] == "900"
     full = PAPER_TABLE_5["full"][1]
     assert rows["Full CBR²"][12] == "—"
     # The paper's text: -9.44 (w/o reasoning case), -4.22 (Chain), -20.55 (w/o semantic case). The paper
@@ -239,3 +239,30 @@ def test_cli_error_exit_code(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "absent" in err
     assert not (tmp_path / "r").exists()
+
+
+def test_delta_comes_with_a_paired_bootstrap_interval_and_the_flips(tmp_path):
+    """Two runs on the same 40 questions: the full run right on 0-29, the ablation on 5-34."""
+    ids = [f"val-{i}" for i in range(40)]
+    runs = {}
+    for ablation, right in (("full", range(0, 30)), ("chain", range(5, 35))):
+        d = write_run(tmp_path, ablation, {"Count": (30 / 40, 40)}, ablation=ablation)
+        (d / "predictions.jsonl").write_text("".join(json.dumps({"id": q, "correct": i in right}) + "\n"
+                                                     for i, q in enumerate(ids)))
+        runs[ablation] = load_run(d)
+    row = table_data(list(runs.values()))["rows"][1]
+    assert row["delta_vs_full"] == 0.0 and row["flips"] == {"gained": 5, "lost": 5, "n": 40}
+    low, high = row["delta_ci"]
+    assert low < 0 < high and high - low > 10  # 10 of 40 questions differ: far from a sure zero
+    assert "| +0.00 | [" in ablation_table(list(runs.values())) and "| +5 / −5 |" in ablation_table(list(runs.values()))
+
+
+def test_paired_bootstrap_is_exact_at_the_extremes_and_refuses_unpaired_runs():
+    from cbr2.evaluation.metrics import paired_difference
+
+    same = paired_difference([True, False] * 10, [True, False] * 10)
+    assert (same["delta"], same["low"], same["high"], same["a_only"], same["b_only"]) == (0.0, 0.0, 0.0, 0, 0)
+    better = paired_difference([True] * 20, [False] * 20)
+    assert (better["delta"], better["low"], better["high"], better["a_only"]) == (1.0, 1.0, 1.0, 20)
+    with pytest.raises(ValueError, match="same questions"):
+        paired_difference([True], [True, False])

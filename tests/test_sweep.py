@@ -94,3 +94,18 @@ def test_a_failed_task_is_recorded_and_the_others_finish(tmp_path, capsys):
     assert main(["status", str(tmp_path / "s")]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any("failed" in line and "nosuchsplit" in line for line in lines)
+
+
+def test_a_local_vary_sweep_writes_each_setting_against_its_base(tmp_path):
+    code = main(["submit", "--local", "--dir", str(tmp_path), "--name", "v", "--vary", "prompt.format=dag,chain",
+                 "--vary", "eval.limit=4", *BASE])
+    assert code == 0
+    sweep = Sweep.load(tmp_path / "v")
+    assert [r.name for r in sweep.runs] == ["run", "run__prompt.format=chain", "run__eval.limit=4"]
+    table = (tmp_path / "v" / "report" / "vary.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
+    assert [r.split(" | ")[0] for r in rows] == ["| base", "| prompt.format=chain", "| eval.limit=4"]
+    # The gold writer is right on every question: no difference, no flips; the paired interval
+    # is over the 4 questions both runs share.
+    assert "| +0.00 | [+0.00, +0.00] | +0 / −0 |" in rows[1] and rows[2].endswith("| 4 |")
+    assert json.loads((tmp_path / "v" / "summary.json").read_text())["vary"].endswith("vary.md")

@@ -164,3 +164,37 @@ def retrieval_metrics(gold_sketches: Sequence[Sequence[str]], view_sketches: dic
             "items": sum(len(items) for items in gold_items),
         }
     return out
+
+
+def paired_difference(a: Sequence[bool], b: Sequence[bool], resamples: int = 10_000, seed: int = 0,
+                      level: float = 0.95) -> dict[str, Any]:
+    """Hits@1 of ``a`` minus that of ``b`` on the same questions, with a paired bootstrap interval.
+
+    Both runs are resampled with the same question indices, so the interval reflects how much
+    the difference depends on which questions were drawn, not the variance of each run alone.
+
+    Args:
+        a: Per-question correctness of one run.
+        b: Of the other run, on the same questions in the same order.
+        resamples: Bootstrap resamples.
+        seed: Seed of the resampling.
+        level: Coverage of the percentile interval.
+
+    Returns:
+        ``{"delta", "low", "high", "a_only", "b_only", "n"}``: fractions in [-1, 1]; ``a_only``
+        and ``b_only`` count the questions only that run got right (the flips).
+    """
+    import numpy as np
+
+    if len(a) != len(b):
+        raise ValueError(f"paired runs need the same questions ({len(a)} vs {len(b)})")
+    diff = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    n = len(diff)
+    if n == 0:
+        return {"delta": 0.0, "low": 0.0, "high": 0.0, "a_only": 0, "b_only": 0, "n": 0}
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, n, size=(resamples, n))].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return {"delta": float(diff.mean()), "low": float(low), "high": float(high),
+            "a_only": int((diff > 0).sum()), "b_only": int((diff < 0).sum()), "n": n}
