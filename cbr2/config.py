@@ -106,13 +106,14 @@ class PromptConfig:
 
 @dataclass
 class GenerationConfig:
-    """What happens around the single LLM pass (all off: the paper's single-pass setting).
+    """What happens around the single LLM pass (all off: the paper's single-pass setting, as in
+    ``configs/paper.yaml``; the CPU default decodes under the grammar, chosen on validation data).
 
     Beyond the paper: its error study (Section 6.5) names schema-aware decoding and fallback
     correction as future work; these switches add them one at a time, for ablations.
     """
 
-    constrained: bool = False
+    constrained: bool = True
     """Decode under a grammar built from the function table and the KB's vocabulary
     (``cbr2.generation.grammar``): every output parses and type-checks (SER 0 by construction)."""
     max_lines: int = 7

@@ -28,7 +28,7 @@ def _run(*args, cwd):
                           capture_output=True, text=True, timeout=300, check=False)
 
 
-GOLD = ["llm.backend=gold", "eval.per_category=null", "wandb.mode=disabled"]
+GOLD = ["llm.backend=gold", "eval.per_category=null", "wandb.mode=disabled", "generation.constrained=false"]
 """The gold writer over whole splits, no W&B (overridable: later arguments win)."""
 
 BACKBONE = "structural.checkpoint=sentence-transformers/all-MiniLM-L6-v2"

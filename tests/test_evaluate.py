@@ -16,8 +16,8 @@ FIELDS = {"id", "question", "category", "gold_answer", "answer", "correct", "gen
 NO_RETRIEVAL = ["retrieval.cases=none", "retrieval.k_ontology=0", "retrieval.k_facts=0"]
 """These tests check the path after generation; retrieval has its own tests (test_retrieval.py)."""
 
-GOLD = ["llm.backend=gold", "eval.per_category=null", "wandb.mode=disabled"]
-"""The gold writer over whole splits, no W&B."""
+GOLD = ["llm.backend=gold", "eval.per_category=null", "wandb.mode=disabled", "generation.constrained=false"]
+"""The gold writer over whole splits, no W&B, the unconstrained path (the fakes take no grammar)."""
 
 
 def evaluate(tmp_path, *overrides):
@@ -210,7 +210,7 @@ def test_the_cpu_llm_run_resumes_from_its_predictions_cache(tmp_path, monkeypatc
     _needs_packaged("smollm2-135m")
     from cbr2.llm.llamacpp import LlamaCppBackend
 
-    first, out = evaluate(tmp_path, "llm.model=smollm2-135m", "eval.limit=2")
+    first, out = evaluate(tmp_path, "llm.backend=llamacpp", "llm.model=smollm2-135m", "eval.limit=2")
     records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(r["prompt_tokens"] > 1000 and r["completion_tokens"] for r in records)
 
@@ -219,7 +219,7 @@ def test_the_cpu_llm_run_resumes_from_its_predictions_cache(tmp_path, monkeypatc
         return []
 
     monkeypatch.setattr(LlamaCppBackend, "generate", no_generation)
-    again, _ = evaluate(tmp_path, "llm.model=smollm2-135m", "eval.limit=2")
+    again, _ = evaluate(tmp_path, "llm.backend=llamacpp", "llm.model=smollm2-135m", "eval.limit=2")
     assert again["hits@1"] == first["hits@1"] and again["errors"] == first["errors"]
 
 
@@ -235,7 +235,8 @@ def test_a_constrained_cpu_llm_run_writes_only_well_typed_programs(tmp_path, mod
     from cbr2.generation.grammar import build_grammar
     from cbr2.kopl.checker import check_text
 
-    metrics, out = evaluate(tmp_path, f"llm.model={model}", "eval.limit=2", "generation.constrained=true")
+    metrics, out = evaluate(tmp_path, "llm.backend=llamacpp", f"llm.model={model}", "eval.limit=2",
+                            "generation.constrained=true")
     records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     grammar = build_grammar(load_config(["generation.constrained=true"]), Benchmark("mini-kqapro"))
     assert len(records) == 2

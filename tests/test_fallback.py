@@ -17,7 +17,7 @@ from cbr2.llm.base import Completion, Prompt
 from cbr2.pipeline import score_generation
 from cbr2.prompt import EMPTY_ANSWER, FALLBACK_VERSION
 
-BASE = ["llm.backend=fixer", "eval.per_category=null", "eval.limit=24", "wandb.mode=disabled",
+BASE = ["llm.backend=fixer", "generation.constrained=false", "eval.per_category=null", "eval.limit=24", "wandb.mode=disabled",
         "retrieval.cases=none", "retrieval.k_ontology=0", "retrieval.k_facts=0"]
 
 EMPTY = "r1: Find[Paris] → FilterConcept[human] → QueryName[]"

@@ -14,7 +14,7 @@ from cbr2.merge import main as merge_main
 from cbr2.merge import merge
 from cbr2.slurm import array_task, num_nodes, tasks_per_node, visible_gpus
 
-RUN = ["llm.backend=gold", "eval.per_category=null", "eval.limit=20", "wandb.mode=disabled",
+RUN = ["llm.backend=gold", "generation.constrained=false", "eval.per_category=null", "eval.limit=20", "wandb.mode=disabled",
        "structural.checkpoint=sentence-transformers/all-MiniLM-L6-v2", "retrieval.k_semantic=2",
        "retrieval.k_structural=2"]
 """Gold programs with the whole retrieval on: every file of a run (retrieval.jsonl too) is compared."""

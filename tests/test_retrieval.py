@@ -319,7 +319,7 @@ def test_prompts_never_see_the_gold_programs_or_answers_of_the_evaluated_split(t
         (root / "val.json").write_text(json.dumps(items))
         _Recorder.seen = []
         cfg = load_config(["data.name=kqapro", f"data.root={root}", f"output_dir={tmp_path / name / 'run'}",
-                           BACKBONE, "llm.backend=recorder", "eval.per_category=null", "eval.limit=18",
+                           BACKBONE, "llm.backend=recorder", "generation.constrained=false", "eval.per_category=null", "eval.limit=18",
                            "wandb.mode=disabled"])
         metrics = run_evaluation(cfg)
         prompts[name] = list(_Recorder.seen)

@@ -46,14 +46,14 @@ def test_an_ablation_sweep_is_one_job_array_and_one_table(slurm_cluster, tmp_pat
 def _encodings(logs: list[Path]) -> Counter:
     """How often each cache entry was computed (not loaded) across the jobs' logs."""
     text = "\n".join(p.read_text(errors="replace") for p in logs)
-    return Counter(re.findall(r"encoding \d+ (\S+) with", text) + re.findall(r"converting (\S+) to a plain", text))
+    return Counter(re.findall(r"encoding \d+ (\S+) with", text) + re.findall(r"into (\S+) \(once\)", text))
 
 
 def test_three_slurm_shards_merge_into_the_unsharded_run(slurm_cluster, tmp_path):
-    # A cold cache shared by all four jobs: each embedding set and the LLM conversion is built
+    # A cold cache shared by all four jobs: each embedding set and the LLM file is built
     # by one of them while the others wait for it.
     export = f"--export=ALL,CBR2_PYTHON={sys.executable},CBR2_CACHE_DIR={tmp_path / 'cache'}"
-    common = ["llm.backend=hf", "llm.max_new_tokens=48", "eval.per_category=null", "eval.limit=6",
+    common = ["llm.model=smollm2-135m", "generation.constrained=false", "llm.max_new_tokens=48", "eval.per_category=null", "eval.limit=6",
               "wandb.mode=disabled", BACKBONE]
     script = str(REPO / "slurm" / "evaluate.sbatch")
     # One CPU each, so two jobs run at once on a 2-core node and meet at the cache locks.
