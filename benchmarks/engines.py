@@ -253,8 +253,9 @@ def print_table(results: dict, args: argparse.Namespace) -> None:
         return
     reference = next(iter(results))
     ref_texts = [r["text"] for r in results[reference]["rows"]]
-    print(f"\nmodel {args.model} · {args.n} prompts of the default evaluation · greedy, cap {args.max_new_tokens} "
-          f"tokens{' · constrained' if args.constrained else ''} · {len(os.sched_getaffinity(0))} CPUs")
+    cap = "the grammar's longest program" if args.constrained else f"{args.max_new_tokens} tokens"
+    print(f"\nmodel {args.model} · {args.n} prompts of the default evaluation · greedy, cap {cap}"
+          f"{' · constrained' if args.constrained else ''} · {len(os.sched_getaffinity(0))} CPUs")
     head = ["engine", "load s", "prefill tok/s", "decode tok/s", "s / question", "peak RSS GB",
             f"same text as {reference}", "install s"]
     print("| " + " | ".join(head) + " |")

@@ -96,10 +96,10 @@ def test_show_prompt_of_the_default_model_is_its_chat_template(tmp_path):
         chunk_paths(PACKAGED[DEFAULT_MODEL])
     except OSError as err:
         pytest.skip(str(err))
-    proc = _run("--show-prompt", "0", BACKBONE, cwd=tmp_path)
+    proc = _run("--show-prompt", "0", BACKBONE, "llm.backend=llamacpp", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("<|im_start|>system\nYou translate questions")
-    assert proc.stdout.endswith("Program:<|im_end|>\n<|im_start|>assistant\n")
+    assert proc.stdout.endswith("Program:\n<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_unknown_ablation_lists_the_valid_ones(tmp_path):
