@@ -143,6 +143,9 @@ class EvalConfig:
     per_category: int | None = 3
     """Category-balanced sample: the split shuffled with ``sample_seed``, then the first N
     questions of each category (100 with seed 123 is the literature's KQA Pro 9 x 100 subset)."""
+    skip_per_category: int = 0
+    """Skip the first S questions of each category of the shuffled split, then take ``per_category``:
+    a sample disjoint from one of ``per_category=S`` (report on other questions than you tuned on)."""
     sample_seed: int = 123
     """Shuffle seed of the ``per_category`` sample."""
     timeout_s: float = 10.0

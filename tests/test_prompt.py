@@ -134,6 +134,18 @@ def test_per_category_sample_follows_the_literature_recipe():
     assert len(select_questions(bench, load_config(["eval.per_category=7", "eval.limit=10"]))) == 10
 
 
+def test_a_skipped_sample_is_disjoint_from_the_one_it_skips():
+    """Tune on eval.per_category=3, report on eval.per_category=10 eval.skip_per_category=3."""
+    bench = Benchmark("mini-kqapro")
+    tuned = {q.qid for q in select_questions(bench, load_config(["eval.per_category=3"]))}
+    held = select_questions(bench, load_config(["eval.per_category=10", "eval.skip_per_category=3"]))
+    both = {q.qid for q in select_questions(bench, load_config(["eval.per_category=13"]))}
+    assert len(held) == 90 and not tuned & {q.qid for q in held} and tuned | {q.qid for q in held} == both
+    for bad in (["eval.skip_per_category=-1"], ["eval.skip_per_category=3", "eval.per_category=null"]):
+        with pytest.raises(ValueError, match="eval.skip_per_category"):
+            select_questions(bench, load_config(bad))
+
+
 def test_paper_yaml_holds_the_papers_setting():
     cfg = load_config([], files=[CONFIG_DIR / "evaluate.yaml", CONFIG_DIR / "paper.yaml"])
     r = cfg.retrieval

@@ -120,21 +120,27 @@ def select_questions(bench: Benchmark, cfg: DictConfig) -> list[Question]:
 
     With ``eval.per_category=N`` the split is shuffled with ``random.Random(eval.sample_seed)``
     and the first N questions of each category are kept, in shuffled order (the few-shot
-    literature's KQA Pro 9 x 100 recipe with N = 100 and seed 123).
+    literature's KQA Pro 9 x 100 recipe with N = 100 and seed 123). ``eval.skip_per_category=S``
+    keeps questions S+1 .. S+N of each category instead: a sample disjoint from the first S of
+    each category (settings chosen on those are then measured on other questions).
 
     Raises:
         ValueError: If the split has no gold answers to score against.
     """
     questions = bench.questions(cfg.data.split)
+    skip = cfg.eval.skip_per_category
+    if skip < 0 or (skip and cfg.eval.per_category is None):
+        raise ValueError(f"eval.skip_per_category={skip}: must be at least 0, and needs eval.per_category")
     if cfg.eval.per_category is not None:
         shuffled = list(questions)
         random.Random(cfg.eval.sample_seed).shuffle(shuffled)
         taken: Counter[str] = Counter()
         questions = []
         for q in shuffled:
-            if taken[q.category] < cfg.eval.per_category:
+            if taken[q.category] < skip + cfg.eval.per_category:
                 taken[q.category] += 1
-                questions.append(q)
+                if taken[q.category] > skip:  # the first `skip` of each category are another sample's
+                    questions.append(q)
     if cfg.eval.limit is not None:
         questions = questions[: cfg.eval.limit]
     if any(q.answer is None for q in questions):
