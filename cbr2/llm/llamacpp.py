@@ -82,7 +82,6 @@ class _GrammarMask:
         self.matcher = xgr.GrammarMatcher(compiled)
         self.bitmask = xgr.allocate_token_bitmask(1, n_vocab)
         self.n_prompt = n_prompt
-        self.n_vocab = n_vocab
         self.fed = 0
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
@@ -95,8 +94,9 @@ class _GrammarMask:
                 raise RuntimeError(f"token {int(token)} was chosen outside the grammar")
         self.fed = len(generated)
         self.matcher.fill_next_token_bitmask(self.bitmask)
-        bits = np.unpackbits(self.bitmask.numpy().view(np.uint8), bitorder="little")[: len(scores)]
-        scores[bits[: len(scores)] == 0] = -np.inf
+        # The bitmask is int32 words, bit i of word w allowing token 32 w + i (padded past the vocabulary).
+        allowed = np.unpackbits(self.bitmask.numpy().view(np.uint8), bitorder="little")[: len(scores)]
+        scores[allowed == 0] = -np.inf
         return scores
 
 
