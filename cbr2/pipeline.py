@@ -2,10 +2,19 @@
 
 Every generator (the gold writer, and the LLM backends) goes through this one function, so
 an LLM's output and a gold program are judged the same way.
+
+Whatever the text holds, judging it is bounded: the parser and repair read at most
+``MAX_TEXT_CHARS`` characters and every stage is linear in them, execution stops at
+``eval.timeout_s``, and the record keeps at most ``MAX_TEXT_CHARS`` characters of the text.
+An unexpected exception is recorded as this prediction's error (code ``INTERNAL_ERROR``,
+logged with its traceback) instead of ending the evaluation; the fuzz tier
+(``tests/test_fuzz.py``) checks that none occurs.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -16,16 +25,55 @@ from cbr2.kopl.checker import check_text
 from cbr2.kopl.executor import ExecutionError, Executor
 from cbr2.kopl.grounding import unknown_arguments
 from cbr2.kopl.program import Program
+from cbr2.kopl.program import SYNTAX
 from cbr2.kopl.repair import repair
-from cbr2.kopl.text import to_text
+from cbr2.kopl.text import MAX_TEXT_CHARS, to_text
+from cbr2.prompt import program_text
+
+log = logging.getLogger(__name__)
+
+MAX_VALUES = 1_000
+"""Executed values a record keeps (``values_count`` says how many there were): a program such as
+``FindAll → QueryName`` on the full KQA Pro returns every name of the KB."""
+
+INTERNAL_ERROR = "internal_error"
+"""``error.code`` of a prediction whose scoring raised: a bug to report, never a crash."""
 
 Canonicalizer = Callable[[Program], tuple[Program, list[dict[str, Any]]]]
 """Maps a checked program to the program to execute and the snaps it made (one dict each)."""
 
 
+def score_completion(completion: str, question: Question, bench: Benchmark, executor: Executor,
+                     fmt: str = "dag", canonicalize: Canonicalizer | None = None) -> dict[str, Any]:
+    """Judge what an LLM returned: its program text (``prompt.program_text``) is scored.
+
+    Args:
+        completion: The completion as the backend returned it.
+        question, bench, executor, fmt, canonicalize: As for ``score_generation``.
+
+    Returns:
+        ``score_generation``'s record, whose ``generated`` is the completion (clipped like
+        there).
+    """
+    record = score_generation(program_text(completion), question, bench, executor, fmt, canonicalize)
+    return {**record, **clipped_text(completion)}
+
+
+def clipped_text(text: str) -> dict[str, Any]:
+    """``generated`` as a record stores it: at most ``MAX_TEXT_CHARS`` characters.
+
+    A longer text keeps its first ``MAX_TEXT_CHARS`` characters, with its length and
+    sha256 in ``generated_chars`` / ``generated_sha256`` (it is a syntax error ``too_long``).
+    """
+    if len(text) <= MAX_TEXT_CHARS:
+        return {"generated": text}
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return {"generated": text[:MAX_TEXT_CHARS], "generated_chars": len(text), "generated_sha256": digest}
+
+
 def score_generation(text: str, question: Question, bench: Benchmark, executor: Executor,
                      fmt: str = "dag", canonicalize: Canonicalizer | None = None) -> dict[str, Any]:
-    """Judge one generated program text against a question's gold answer.
+    """Judge one generated program text against a question's gold answer; never raises.
 
     Args:
         text: What the generator wrote (any string; it is parsed, never evaluated).
@@ -44,14 +92,27 @@ def score_generation(text: str, question: Question, bench: Benchmark, executor: 
         ``metrics.ERROR_KINDS``), ``error`` details and the two syntax flags SER counts.
     """
     record = question_record(question)
+    record.update(clipped_text(text), repairs=[], syntax_error_before_repair=True, syntax_error=True, program=None,
+                  unknown_arguments=None, canonicalized=[], answer=None, values=None, correct=False)
+    try:
+        return _score(text, record, question, bench, executor, fmt, canonicalize)
+    except Exception as err:  # noqa: BLE001 - one text must never end a run; the fuzz tier keeps this empty
+        log.exception("scoring question %s raised; it is recorded as an %s", question.qid, INTERNAL_ERROR)
+        # Before a program parsed, the text is what failed (a syntax error, as SER counts it);
+        # after, the execution did.
+        kind = SYNTAX if record["program"] is None else "execution"
+        return _fail(record, kind, {"kind": kind, "code": INTERNAL_ERROR, "line": None,
+                                    "message": f"{type(err).__name__}: {str(err)[:500]}"})
+
+
+def _score(text: str, record: dict[str, Any], question: Question, bench: Benchmark, executor: Executor,
+           fmt: str, canonicalize: Canonicalizer | None) -> dict[str, Any]:
     raw = check_text(text, fmt)
     result, repairs = raw, []
     if not raw.ok:
         repaired, repairs = repair(text, fmt)
         result = check_text(repaired, fmt)
-    record.update(generated=text, repairs=repairs, syntax_error_before_repair=not raw.ok,
-                  syntax_error=not result.ok, program=None, unknown_arguments=None, canonicalized=[],
-                  answer=None, values=None, correct=False)
+    record.update(repairs=repairs, syntax_error_before_repair=not raw.ok, syntax_error=not result.ok)
     if not result.ok:
         return _fail(record, result.error.kind, result.error.to_dict())
     program = result.program
@@ -64,7 +125,9 @@ def score_generation(text: str, question: Question, bench: Benchmark, executor: 
     except ExecutionError as err:
         return _fail(record, "execution", err.to_dict())
     answer = bench.answer_from_values(values, program)
-    record.update(values=values, answer=answer)
+    record.update(values=values[:MAX_VALUES], answer=answer)
+    if len(values) > MAX_VALUES:
+        record["values_count"] = len(values)
     if not answer:
         return _fail(record, "empty", None)
     record["correct"] = is_correct(answer, question.answer)

@@ -168,7 +168,7 @@ def prompt_hash(prompt: Prompt) -> str:
     return hashlib.sha256(f"{prompt.system}\x00{prompt.user}".encode()).hexdigest()
 
 
-_FENCE = re.compile(r"^\s*```[A-Za-z]*\s*\n(.*?)\n?\s*```\s*$", re.DOTALL)
+_FENCE_LANGUAGE = re.compile(r"[A-Za-z]*")
 
 
 def program_text(completion: str) -> str:
@@ -178,8 +178,14 @@ def program_text(completion: str) -> str:
     deterministic repair rules in ``cbr2.kopl.repair`` are the only other cleanup, and they
     are counted).
     """
-    fenced = _FENCE.match(completion)
-    return (fenced.group(1) if fenced else completion).strip()
+    # String operations, not one regular expression: a lazy body followed by optional spaces
+    # before the closing fence backtracks quadratically over long runs of spaces.
+    text = completion.strip()
+    if text.startswith("```") and text.endswith("```"):
+        language, newline, rest = text[3:].partition("\n")
+        if newline and len(rest) >= 3 and _FENCE_LANGUAGE.fullmatch(language.rstrip()):
+            return rest[:-3].strip()
+    return text
 
 
 # ------------------------------------------------------------- fallback correction

@@ -42,9 +42,11 @@ def test_well_typed_programs_pass(text):
     ("r1: Find[X] → QueryName[]\nQuestion: Who founded Y?\nr1: Find[Y]", "drop_trailing_text"),
     ("r1: Find[X] → QueryName[]   # the names", "drop_trailing_text"),
     ("```\nProgram: r1: Find[X] → QueryName[]\n```", "strip_wrappers"),
-    ("r1: Find[X]\nr2: Find[Y]\nr3: (r2, r3) → QueryRelation[]", "relabel"),
-    ("r0: Find[X]\nr1: Find[Y]\nr2: (r1, r2) → QueryRelation[]", "relabel"),
+    ("r1：Find[X]\nr2：Find[Y]\nr3：(r1, r2) → QueryRelation[]", "fix_calls"),  # full-width colons
+    ("r 1: Find[X]\nr 2: Find[Y]\nr 3: (r1, r2) → QueryRelation[]", "fix_calls"),
     ("Find[X] → QueryName[]", "relabel"),
+    ('r1: Find["X"] → QueryName[]', "fix_calls"),  # the only slip: a quoted argument
+    ("r1: Find[“X”] → QueryName[]", "fix_calls"),
 ])
 def test_minor_slips_are_repaired_and_recorded(bad, rule):
     assert not check_text(bad).ok
@@ -53,13 +55,50 @@ def test_minor_slips_are_repaired_and_recorded(bad, rule):
     assert check_text(fixed).ok, fixed
 
 
-def test_relabel_shifts_an_off_by_one_head_and_otherwise_takes_the_latest_unused_line():
-    fixed, _ = repair("r1: Find[X]\nr2: Find[Y]\nr3: (r2, r3) → QueryRelation[]")
-    assert fixed.splitlines()[-1] == "r3: (r1, r2) → QueryRelation[]"
-    fixed, _ = repair("r1: Find[X]\nr2: Find[Y]\nr3: (r1, r9) → QueryRelation[]")
-    assert fixed.splitlines()[-1] == "r3: (r1, r2) → QueryRelation[]"
-    fixed, _ = repair("r1: Find[X]\nr2: (r1, r2) → QueryRelation[]")  # no second input exists: stays wrong
-    assert not check_text(fixed).ok
+@pytest.mark.parametrize("text, code", [
+    ("r1: Find[X]\nr2: Find[Y]\nr3: (r2, r3) → QueryRelation[]", "cyclic_reference"),  # its own line
+    ("r1: Find[X]\nr2: Find[Y]\nr3: (r1, r9) → QueryRelation[]", "undefined_reference"),
+    ("r1: Find[X]\nr2: r3 → QueryName[]\nr3: Find[Y]", "cyclic_reference"),  # a later line
+    ("r1: Find[X]\nr1: Find[Y]\nr2: (r1, r1) → And[] → QueryName[]", "duplicate_label"),
+    ("r1: Find[X]\nr2: (r1, r1) → Or[] → QueryName[]", "duplicate_reference"),
+    ("r1: (r1, r1) → Or[] → QueryName[]", "duplicate_reference"),
+])
+def test_relabel_renames_only_and_never_guesses_a_reference(text, code):
+    fixed, applied = repair(text)
+    assert "relabel" not in applied
+    result = check_text(fixed)
+    assert not result.ok and result.error.code == code, result.error
+
+
+def test_relabel_renumbers_by_position_when_every_reference_is_earlier():
+    fixed, applied = repair("r5：Find[X]\nr7：Find[Y]\nr9：(r5, r7) → QueryRelation[]")
+    assert applied == ["fix_calls", "relabel"]
+    assert fixed == "r1: Find[X]\nr2: Find[Y]\nr3: (r1, r2) → QueryRelation[]"
+
+
+@pytest.mark.parametrize("text, code", [
+    ("r" + "9" * 5000 + ": Find[X] → QueryName[]", "bad_label"),  # int() refuses > 4300 digits
+    ("r1: Find[X]\nr2: (r1, r" + "9" * 5000 + ") → And[] → QueryName[]", "bad_label"),
+    ("r1: Find[" + "x" * 2000 + "] → QueryName[]", "too_long"),
+    ("x" * 20_000, "too_long"),
+    ("r1: Find[X]" + " → Relate[country | forward]" * 200 + " → QueryName[]", "too_long"),
+])
+def test_oversized_texts_are_named_syntax_errors(text, code):
+    result = check_text(text, "dag")
+    assert not result.ok and result.error.code == code, result.error
+    assert len(result.error.to_dict()["message"]) < 300  # the message quotes a clip, not the text
+    for fmt in ("dag", "chain"):
+        check_text(repair(text, fmt)[0], fmt)  # repair and check end, whatever the outcome
+    chain = "\n".join(["Find[X]"] + ["Relate[country | forward]"] * 200 + ["QueryName[]"])
+    assert check_text(chain, "chain").error.code == "too_long"
+
+
+def test_a_quoted_argument_is_a_recorded_slip_and_a_real_quote_survives():
+    result = check_text('r1: Find["X"] → QueryName[]')
+    assert result.error.code == "quoted_argument"
+    assert repair('r1: Find["X"] → QueryName[]') == ("r1: Find[X] → QueryName[]", ["fix_calls"])
+    assert check_text('r1: Find["X" and "Y"] → QueryName[]').ok  # inner quotes are part of a name
+    assert check_text("r1: Find['Allo 'Allo!] → QueryName[]").ok
 
 
 def test_repair_records_nothing_for_a_valid_program_and_never_invents_steps():

@@ -12,16 +12,19 @@ import re
 from collections.abc import Callable
 
 from cbr2.kopl.functions import get_spec
-from cbr2.kopl.text import ARROW, split_top, tokens
+from cbr2.kopl.text import ARROW, MAX_TEXT_CHARS, is_quoted, split_top, tokens
 
-_ARROWS = re.compile(r"\s*(?:-+>|=+>|—+>|–+>|⟶|➔|➜|⇒|=>)\s*")
+# An ASCII or look-alike arrow. The look-behind lets a run of dashes be tried from its first
+# dash only: without it every dash of a long run would start a new scan of the run, and a text
+# of many dashes would take quadratic time. Spaces around an arrow are stripped in Python for
+# the same reason (a leading ``\s*`` re-scans a run of spaces from each of its positions).
+_ARROW_TOKEN = re.compile(r"(?<![-=—–])(?:-+>|=+>|—+>|–+>)|[⟶➔➜⇒]")
 _LABELLED = re.compile(r"^\s*r\s*(\d+)\s*[:：]\s*(.*)$")
 _CALL_START = re.compile(r"^\s*(?:\(\s*r\d+\s*,\s*r\d+\s*\)|r\d+|[A-Z][A-Za-z]*\s*\[)")
 _REF_HEAD = re.compile(r"^\s*(?:\(\s*r\d+\s*,\s*r\d+\s*\)|r\d+)\s*$")
 _FENCE = re.compile(r"^\s*```")
 _PROGRAM_PREFIX = re.compile(r"^\s*(?:program|kopl|answer)\s*:\s*", re.IGNORECASE)
 _ENUM_PREFIX = re.compile(r"^\s*(?:step\s*)?\d+\s*[.):]\s*", re.IGNORECASE)
-_QUOTED = re.compile(r"""^(["'`“”‘’])(.*)(["'`“”‘’])$""")
 
 
 def _strip_wrappers(text: str, fmt: str) -> str:
@@ -34,7 +37,15 @@ def _strip_wrappers(text: str, fmt: str) -> str:
 
 def _normalise_arrows(text: str, fmt: str) -> str:
     """``->``, ``=>``, ``⟶`` and friends become `` → ``."""
-    return "\n".join(_ARROWS.sub(f" {ARROW} ", ln) for ln in text.splitlines())
+    return "\n".join(_join_arrows(ln) for ln in text.splitlines())
+
+
+def _join_arrows(line: str) -> str:
+    parts = _ARROW_TOKEN.split(line)
+    if len(parts) == 1:
+        return line
+    inner = [p.strip() for p in parts[1:-1]]
+    return f" {ARROW} ".join([parts[0].rstrip(), *inner, parts[-1].lstrip()])
 
 
 def _is_program_line(line: str, fmt: str) -> bool:
@@ -68,7 +79,7 @@ def _cut_after_last_call(line: str) -> str:
     """
     end = line.rfind("]")
     rest = line[end + 1:] if end != -1 else ""
-    if rest.strip() and not re.search(r"→|-+>|=>|\[", rest):
+    if rest.strip() and ARROW not in rest and "[" not in rest and not _ARROW_TOKEN.search(rest):
         return line[: end + 1]
     return line
 
@@ -118,18 +129,17 @@ def _fix_call(segment: str) -> str:
 
 
 def _unquote(arg: str) -> str:
-    m = _QUOTED.match(arg)
-    return m.group(2).strip() if m else arg
+    return arg[1:-1].strip() if is_quoted(arg) else arg
 
 
 def _relabel(text: str, fmt: str) -> str:
-    """DAG form: labels renumbered r1..rn by position, references remapped.
+    """DAG form: a lone unlabelled line gets ``r1:``; labels are renumbered r1..rn by position.
 
-    Covers off-by-one labels (a line referring to itself or to a label not yet defined) and
-    a lone unlabelled line. A reference to an earlier label keeps pointing at that line. A
-    head that refers to its own line or beyond is shifted down by one when that makes every
-    reference valid (``r3: (r2, r3)`` → ``(r1, r2)``); any reference still impossible is read
-    the way KoPL's post-order reads a join: the most recent line whose result is unused.
+    Renumbering only renames: it applies when every label is defined once and every reference
+    names an earlier line, and it normalises label spellings the parser does not read
+    (``r1：`` with a full-width colon, ``r 1:``). A reference to its own line, to a later line,
+    to a label defined nowhere or twice, or a line joined with itself is left for the parser to
+    reject: choosing which line the model meant would run a program it did not write.
     """
     if fmt != "dag":
         return text
@@ -139,26 +149,20 @@ def _relabel(text: str, fmt: str) -> str:
     parsed = [_LABELLED.match(ln) for ln in lines]
     if not all(parsed):
         return text
-    mapping: dict[int, int] = {}  # old label -> new position
-    unused: list[int] = []  # positions whose result no line has consumed yet
+    position: dict[str, int] = {}  # label as written (without leading zeros) -> new number
     out = []
     for pos, m in enumerate(parsed, 1):
+        own = m.group(1).lstrip("0") or "0"
         body = split_top(m.group(2), ARROW)
-        refs = [int(r) for r in re.findall(r"\br(\d+)\b", body[0])] if _REF_HEAD.match(body[0]) else []
-        own = int(m.group(1))
-        if any(r >= own for r in refs) and all(r - 1 in mapping for r in refs):
-            refs = [r - 1 for r in refs]  # labels counted one too high: shift the whole head
-        new_refs: list[int] = []
-        for r in refs:
-            if r in mapping:
-                new_refs.append(mapping[r])
-            else:
-                spare = [u for u in reversed(unused) if u not in new_refs]
-                new_refs.append(spare[0] if spare else r)
-        if refs:
-            body[0] = f"r{new_refs[0]}" if len(new_refs) == 1 else f"({', '.join(f'r{r}' for r in new_refs)})"
-        unused = [u for u in unused if u not in new_refs] + [pos]
-        mapping[own] = pos
+        if own in position:
+            return text
+        if _REF_HEAD.match(body[0]):
+            refs = [r.lstrip("0") or "0" for r in re.findall(r"r(\d+)", body[0])]
+            if len(set(refs)) < len(refs) or any(r not in position for r in refs):
+                return text
+            new = [f"r{position[r]}" for r in refs]
+            body[0] = new[0] if len(new) == 1 else f"({', '.join(new)})"
+        position[own] = pos
         out.append(f"r{pos}: " + f" {ARROW} ".join(p.strip() for p in body))
     return "\n".join(out)
 
@@ -182,8 +186,11 @@ def repair(text: str, fmt: str = "dag") -> tuple[str, list[str]]:
         fmt: ``dag`` or ``chain``.
 
     Returns:
-        The repaired text and the names of the rules that changed it.
+        The repaired text and the names of the rules that changed it. A text over
+        ``MAX_TEXT_CHARS`` comes back unchanged: the parser rejects it as ``too_long``.
     """
+    if len(text) > MAX_TEXT_CHARS:
+        return text, []
     applied = []
     for name, rule in RULES:
         new = rule(text, fmt)

@@ -25,6 +25,22 @@ from cbr2.kopl.program import SYNTAX, TYPE, Program, ProgramError, Step
 ARROW = "→"
 FORMATS = ("dag", "chain")
 
+# Bounds on what is parsed. Generated text can be anything, and every stage after the parser
+# is linear in the program, so capping the input bounds the time and the size of the whole
+# scoring path. The caps sit far above real programs (KQA Pro's longest have about 20 steps
+# and arguments of under 200 characters; an LLM's output is capped at a few hundred tokens).
+MAX_TEXT_CHARS = 16_384
+"""Longer texts are a syntax error (``too_long``) without being parsed or repaired."""
+MAX_STEPS = 128
+"""Programs with more steps are a syntax error (``too_long``)."""
+MAX_ARG_CHARS = 1_000
+"""A longer argument is a syntax error (``too_long``): no KB item has such a name."""
+MAX_LABEL_DIGITS = 6
+"""``r1234567`` is no label: Python refuses to convert integers of thousands of digits at all."""
+
+QUOTE_PAIRS = {'"': '"', "'": "'", "`": "`", "“": "”", "‘": "’"}
+"""Quotes a model may wrap an argument in; the text form has none, so they are a slip."""
+
 _ESCAPED = re.compile(r"([\\|\[\]])")
 _CALL = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\[(.*)\]$", re.DOTALL)
 _REF = re.compile(r"^r(\d+)$")
@@ -52,15 +68,18 @@ def to_dag_text(program: Program) -> str:
     """
     consumers = program.consumers()
     line_of: dict[int, int] = {}  # step index -> line number (1-based)
+    last_on_line: dict[int, int] = {}  # line number -> index of the last step placed on it
     lines: list[list[str]] = []
     for i, step in enumerate(program.steps):
         deps = step.dependencies
-        if len(deps) == 1 and consumers[deps[0]] == [i] and _ends_line(lines, line_of, deps[0]):
+        if len(deps) == 1 and consumers[deps[0]] == [i] and last_on_line[line_of[deps[0]]] == deps[0]:
             line_of[i] = line_of[deps[0]]
+            last_on_line[line_of[i]] = i
             lines[line_of[i] - 1].append(format_call(step))
             continue
         lines.append([])
         line_of[i] = len(lines)
+        last_on_line[len(lines)] = i
         refs = [f"r{line_of[d]}" for d in deps]
         if len(refs) == 1:
             lines[-1].append(refs[0])
@@ -68,12 +87,6 @@ def to_dag_text(program: Program) -> str:
             lines[-1].append(f"({', '.join(refs)})")
         lines[-1].append(format_call(step))
     return "\n".join(f"r{n}: " + f" {ARROW} ".join(parts) for n, parts in enumerate(lines, 1))
-
-
-def _ends_line(lines: list[list[str]], line_of: dict[int, int], step: int) -> bool:
-    """Whether ``step`` is the last step placed so far on its line."""
-    latest = max(i for i, n in line_of.items() if n == line_of[step])
-    return latest == step
 
 
 def to_chain_text(program: Program) -> str:
@@ -129,28 +142,69 @@ def parse_call(segment: str, line: int) -> Step:
     """Parse ``Function[args]`` into a step without dependencies.
 
     Raises:
-        ProgramError: On a malformed call, an unknown function or a wrong argument count.
+        ProgramError: On a malformed call, an unknown function, a wrong argument count, an
+            argument over ``MAX_ARG_CHARS`` or wrapped in quotes.
     """
     m = _CALL.match(segment.strip())
     if not m:
-        raise ProgramError(SYNTAX, "unparsable", f"expected Function[arguments], got {segment.strip()!r}", line)
+        raise ProgramError(SYNTAX, "unparsable", f"expected Function[arguments], got {_shown(segment)}", line)
     name, body = m.group(1), m.group(2)
     spec = get_spec(name)
     if spec is None:
-        raise ProgramError(SYNTAX, "unknown_function", f"unknown function {name!r}", line)
-    if _has_unescaped(body, "[]"):
-        raise ProgramError(SYNTAX, "unparsable", f"unbalanced brackets in {segment.strip()!r}", line)
+        raise ProgramError(SYNTAX, "unknown_function", f"unknown function {_shown(name)}", line)
+    if any(tok in "[]" for tok in tokens(body)):
+        raise ProgramError(SYNTAX, "unparsable", f"unbalanced brackets in {_shown(segment)}", line)
     args = [] if not body.strip() else [_unescape(a.strip()) for a in split_top(body, "|")]
     if len(args) != len(spec.args):
         expected = " | ".join(a.name for a in spec.args) or "no arguments"
         raise ProgramError(
             SYNTAX, "wrong_argument_count",
             f"{name} takes {len(spec.args)} arguments ({expected}), got {len(args)}", line)
+    for arg in args:
+        if len(arg) > MAX_ARG_CHARS:
+            raise ProgramError(SYNTAX, "too_long", f"an argument of {name} has {len(arg)} characters "
+                               f"(at most {MAX_ARG_CHARS})", line)
+        if is_quoted(arg):
+            raise ProgramError(SYNTAX, "quoted_argument", f"argument {_shown(arg)} of {name} is quoted", line)
     return Step(name, tuple(args))
 
 
-def _has_unescaped(text: str, chars: str) -> bool:
-    return re.search(r"(?<!\\)(?:\\\\)*[" + re.escape(chars) + "]", text) is not None
+def is_quoted(arg: str) -> bool:
+    """Whether ``arg`` is wrapped in one matching pair of quotes (``"X"``, ``'X'``, ``“X”``).
+
+    A name that holds quotes of its own (``"X" and "Y"``) is not: only its ends are quotes.
+    """
+    close = QUOTE_PAIRS.get(arg[:1])
+    return len(arg) >= 3 and arg[-1] == close and close not in arg[1:-1] and arg[0] not in arg[1:-1]
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """``repr`` of a piece of text, clipped: messages stay short whatever the text holds."""
+    text = text.strip()
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
+
+
+def _program_lines(text: str) -> list[tuple[int, str]]:
+    """Non-blank lines with their 1-based numbers, after the size checks every parser makes."""
+    if len(text) > MAX_TEXT_CHARS:
+        raise ProgramError(SYNTAX, "too_long", f"the text has {len(text)} characters (at most {MAX_TEXT_CHARS})")
+    lines = [(n, ln) for n, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+    if not lines:
+        raise ProgramError(SYNTAX, "empty_program", "no program text")
+    return lines
+
+
+def _label(digits: str, line: int) -> int:
+    if len(digits) > MAX_LABEL_DIGITS:
+        raise ProgramError(SYNTAX, "bad_label", f"label r{digits[:10]}... has {len(digits)} digits "
+                           f"(at most {MAX_LABEL_DIGITS})", line)
+    return int(digits)
+
+
+def _add_step(steps: list[Step], step: Step, line: int) -> None:
+    if len(steps) >= MAX_STEPS:
+        raise ProgramError(SYNTAX, "too_long", f"more than {MAX_STEPS} steps", line)
+    steps.append(step)
 
 
 def parse_dag_text(text: str) -> Program:
@@ -160,28 +214,28 @@ def parse_dag_text(text: str) -> Program:
         ProgramError: ``syntax`` on anything that does not form a program; ``type`` when a
             branch's result is never used.
     """
-    lines = [(n, ln) for n, ln in enumerate(text.splitlines(), 1) if ln.strip()]
-    if not lines:
-        raise ProgramError(SYNTAX, "empty_program", "no program text")
+    lines = _program_lines(text)
     steps: list[Step] = []
     label_end: dict[int, int] = {}  # label number -> index of its last step
     label_line: dict[int, int] = {}
     used: set[int] = set()
-    all_labels = {int(m.group(1)) for _, ln in lines if (m := _LABEL.match(ln))}
+    all_labels = {_label(m.group(1), n) for n, ln in lines if (m := _LABEL.match(ln))}
     for lineno, raw in lines:
         m = _LABEL.match(raw)
         if not m:
-            raise ProgramError(SYNTAX, "unparsable", f"expected 'rK: ...', got {raw.strip()!r}", lineno)
-        label, body = int(m.group(1)), m.group(2)
+            raise ProgramError(SYNTAX, "unparsable", f"expected 'rK: ...', got {_shown(raw)}", lineno)
+        label, body = _label(m.group(1), lineno), m.group(2)
         if label in label_end:
             raise ProgramError(SYNTAX, "duplicate_label", f"r{label} is defined twice", lineno)
         segments = [s.strip() for s in split_top(body, ARROW)]
         if any(not s for s in segments):
-            raise ProgramError(SYNTAX, "unparsable", f"empty step in {body.strip()!r}", lineno)
+            raise ProgramError(SYNTAX, "unparsable", f"empty step in {_shown(body)}", lineno)
         head, calls = segments[0], segments[1:]
-        refs = _parse_refs(head)
+        refs = _parse_refs(head, lineno)
         if refs is None:
             refs, calls = [], segments
+        if len(set(refs)) < len(refs):
+            raise ProgramError(SYNTAX, "duplicate_reference", f"r{refs[0]} is joined with itself", lineno)
         for r in refs:
             if r not in all_labels:
                 raise ProgramError(SYNTAX, "undefined_reference", f"r{r} is not defined", lineno)
@@ -200,7 +254,7 @@ def parse_dag_text(text: str) -> Program:
                 raise ProgramError(
                     SYNTAX, "wrong_arity",
                     f"{step.function} takes {arity} inputs but gets {len(prev)} {where}", lineno)
-            steps.append(Step(step.function, step.inputs, prev))
+            _add_step(steps, Step(step.function, step.inputs, prev), lineno)
             prev = (len(steps) - 1,)
         label_end[label], label_line[label] = prev[0], lineno
     last = max(label_end, key=lambda lab: label_end[lab])
@@ -211,11 +265,11 @@ def parse_dag_text(text: str) -> Program:
     return Program(tuple(steps))
 
 
-def _parse_refs(head: str) -> list[int] | None:
+def _parse_refs(head: str, line: int) -> list[int] | None:
     if m := _REF.match(head):
-        return [int(m.group(1))]
+        return [_label(m.group(1), line)]
     if m := _TUPLE.match(head):
-        return [int(m.group(1)), int(m.group(2))]
+        return [_label(m.group(1), line), _label(m.group(2), line)]
     return None
 
 
@@ -226,9 +280,7 @@ def parse_chain_text(text: str) -> Program:
         ProgramError: ``syntax`` when a call cannot be parsed or lacks its inputs; ``type``
             when branches are left unjoined at the end.
     """
-    lines = [(n, ln) for n, ln in enumerate(text.splitlines(), 1) if ln.strip()]
-    if not lines:
-        raise ProgramError(SYNTAX, "empty_program", "no program text")
+    lines = _program_lines(text)
     steps: list[Step] = []
     open_branches: list[int] = []
     for lineno, raw in lines:
@@ -240,7 +292,7 @@ def parse_chain_text(text: str) -> Program:
                 f"{step.function} takes {arity} inputs but only {len(open_branches)} branch(es) are open", lineno)
         deps = tuple(open_branches[len(open_branches) - arity:]) if arity else ()
         del open_branches[len(open_branches) - arity:]
-        steps.append(Step(step.function, step.inputs, deps))
+        _add_step(steps, Step(step.function, step.inputs, deps), lineno)
         open_branches.append(len(steps) - 1)
     if len(open_branches) > 1:
         raise ProgramError(TYPE, "unused_result", f"{len(open_branches) - 1} branch(es) are never used")
