@@ -7,11 +7,13 @@ lists the valid keys, and a value of the wrong type fails naming the key.
 from __future__ import annotations
 
 import argparse
+import difflib
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
@@ -322,13 +324,14 @@ def load_config(overrides: list[str] | None = None, files: list[str | Path] = ()
         schema: The dataclass describing valid keys.
 
     Raises:
-        ConfigError: Naming the unknown key (with the list of valid ones), the file, or the
-            value that does not fit its type.
+        ConfigError: Naming the unknown key (with the list of valid ones), the file (and line,
+            for a file that is not a YAML mapping), or the value that does not fit its type or
+            its allowed values (``validate``).
     """
     cfg = OmegaConf.structured(schema)
     for path in files:
         try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.load(path))
+            cfg = OmegaConf.merge(cfg, _read_yaml(path))
         except OmegaConfBaseException as err:
             raise ConfigError(f"{path}: {_describe(err, cfg)}") from err
     for item in overrides or []:
@@ -338,7 +341,163 @@ def load_config(overrides: list[str] | None = None, files: list[str | Path] = ()
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
         except OmegaConfBaseException as err:
             raise ConfigError(f"override {item!r}: {_describe(err, cfg)}") from err
+    validate(cfg)
     return cfg
+
+
+def _read_yaml(path: str | Path) -> DictConfig:
+    """A config file as a mapping; a file that is not one is a one-line error naming it.
+
+    Raises:
+        ConfigError: Naming the file (and the line of a YAML syntax error) when it cannot be
+            read, is not YAML, or holds something other than a mapping of config keys.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read this config file ({err})") from None
+    try:
+        # Parsed once here for the checks (PyYAML reports the line); OmegaConf parses it again
+        # with its own loader, as before, for the values.
+        data = yaml.safe_load(text)
+        if data is None:  # empty, or only comments
+            return OmegaConf.create({})
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}:1: holds a YAML {type(data).__name__}, not a mapping of config keys "
+                              "(e.g. `eval:` and below it `  limit: 10`)")
+        return OmegaConf.load(path)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        what = " ".join(str(x) for x in (getattr(err, "context", None), getattr(err, "problem", None)) if x)
+        raise ConfigError(f"{where}: not valid YAML ({what or type(err).__name__})") from None
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+"""Values of ``llm.dtype``."""
+
+
+def _choices() -> dict[str, Any]:
+    """Keys whose value is one of a fixed set, with the set, taken from the code that reads them
+    (imported here, not at the top: those modules import this one's neighbours)."""
+    from cbr2.data.benchmarks import BENCHMARKS
+    from cbr2.kopl.text import FORMATS
+    from cbr2.llm import BACKENDS
+    from cbr2.retrieval.index import INDEX_KINDS
+    from cbr2.retrieval.retriever import CASE_MODES
+    from cbr2.structural.labels import LABELS
+    from cbr2.tracking import WANDB_MODES
+
+    return {"data.name": BENCHMARKS, "llm.backend": BACKENDS, "llm.dtype": DTYPES, "prompt.format": FORMATS,
+            "retrieval.index": INDEX_KINDS, "retrieval.cases": CASE_MODES, "structural.label": LABELS,
+            "wandb.mode": WANDB_MODES}
+
+
+@dataclass(frozen=True)
+class _Range:
+    """Numbers a key accepts (null is for the schema's type to allow: it then means the default)."""
+
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    """The bound ``low`` itself is excluded."""
+    open_high: bool = False
+    why: str = ""
+    """Added to the message (what the rejected values would do, or what null means)."""
+
+    def accepts(self, value: float) -> bool:
+        if self.low is not None and (value < self.low or (self.open_low and value == self.low)):
+            return False
+        return self.high is None or not (value > self.high or (self.open_high and value == self.high))
+
+    def __str__(self) -> str:
+        if self.high is None:
+            text = f"{'greater than' if self.open_low else 'at least'} {self.low}"
+        else:
+            text = f"in {'(' if self.open_low else '['}{self.low}, {self.high}{')' if self.open_high else ']'}"
+        return text + (f" ({self.why})" if self.why else "")
+
+
+_COUNT, _ANY_COUNT, _POSITIVE, _SHARE = _Range(1), _Range(0), _Range(0, open_low=True), _Range(0, 1)
+RANGES: dict[str, _Range] = {
+    "llm.max_new_tokens": _COUNT,
+    "llm.temperature": _Range(0, why="0 is greedy decoding"),
+    "llm.top_p": _Range(0, 1, open_low=True),
+    "llm.batch_size": _COUNT,
+    "llm.tensor_parallel_size": _COUNT,
+    "llm.gpu_memory_utilization": _Range(0, 1, open_low=True),
+    "llm.max_model_len": _COUNT,
+    "llm.concurrency": _COUNT,
+    "llm.timeout_s": _POSITIVE,
+    "llm.max_retries": _ANY_COUNT,
+    "prompt.case_triples": _ANY_COUNT,
+    "generation.max_lines": _COUNT,
+    "generation.max_calls_per_line": _COUNT,
+    "generation.max_literal_chars": _COUNT,
+    "generation.closed_entities": _ANY_COUNT,
+    "generation.canonicalize_threshold": _SHARE,
+    "eval.limit": _Range(1, why="0 would evaluate no question; null evaluates all of them"),
+    "eval.per_category": _Range(1, why="null takes the whole split"),
+    "eval.skip_per_category": _ANY_COUNT,
+    "eval.timeout_s": _Range(0, open_low=True, why="seconds per program; 0 or less would fail every program"),
+    "eval.num_shards": _COUNT,
+    "eval.shard": _ANY_COUNT,
+    "retrieval.batch_size": _COUNT,
+    "retrieval.k_ontology": _ANY_COUNT,
+    "retrieval.k_facts": _ANY_COUNT,
+    "retrieval.k_semantic": _ANY_COUNT,
+    "retrieval.k_structural": _ANY_COUNT,
+    "structural.label_bins": _COUNT,
+    "structural.pairs_per_epoch": _COUNT,
+    "structural.val_pairs": _COUNT,
+    "structural.holdout": _Range(0, 1, open_low=True, open_high=True),
+    "structural.batch_size": _COUNT,
+    "structural.lr": _POSITIVE,
+    "structural.warmup_ratio": _SHARE,
+    "structural.max_seq_length": _COUNT,
+}
+"""Numeric keys and the values they accept; keys a schema does not have are skipped."""
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check the values that the schema's types cannot: choices and ranges.
+
+    ``load_config`` calls this on every configuration it builds (``evaluate.py``, ``train.py``,
+    the sweep), so a bad value fails before any data, model or W&B run is loaded, not after
+    minutes of work.
+
+    Raises:
+        ConfigError: Naming each bad key, its value and what is allowed (one line).
+    """
+    missing = object()
+
+    def value(key: str) -> Any:
+        try:
+            return OmegaConf.select(cfg, key, default=missing)
+        except OmegaConfBaseException as err:  # e.g. an interpolation that does not resolve
+            raise ConfigError(f"{key}: {err}") from None
+
+    problems = []
+    choices = _choices()
+    for key, allowed in choices.items():
+        v = value(key)
+        if v is not missing and v not in allowed:
+            close = difflib.get_close_matches(str(v), list(allowed), n=2)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            problems.append(f"unknown {key} {v!r}{hint}; expected one of {', '.join(allowed)}")
+    name = value("data.name")
+    split = value("data.split")
+    if split not in (missing, None) and name in choices["data.name"]:
+        family = choices["data.name"][name][0]  # BENCHMARKS: name -> (family, embedded folder)
+        if split not in family.splits:
+            problems.append(f"data.split={split!r} is not a {family.name} split; expected one of "
+                            f"{', '.join(family.splits)} (null: {family.eval_split})")
+    for key, allowed in RANGES.items():
+        v = value(key)
+        if v is not missing and v is not None and not allowed.accepts(v):
+            problems.append(f"{key}={v!r}: must be {allowed}")
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:

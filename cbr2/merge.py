@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES
+from cbr2.evaluation.records import read_records, record_line, records_by_id
 from cbr2.evaluation.report import write_report
 from cbr2.evaluation.runner import (
     check_same_config,
@@ -192,10 +193,7 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
                                  f"selections, e.g. {foreign[:3]}: they would be counted twice")
             by_id.update({qid: records[qid] for qid in wanted})
         path = s.dir / "retrieval.jsonl"
-        if path.is_file():
-            for line in path.read_text(encoding="utf-8").split("\n"):
-                if line:
-                    retrieval_lines[json.loads(line)["id"]] = line
+        retrieval_lines.update({qid: record_line(rec) for qid, rec in records_by_id(path, read_records(path)).items()})
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -214,7 +212,7 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
         records = []
     else:
         records = [by_id[q.qid] for q in selection]
-        _write(out / "predictions.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        _write(out / "predictions.jsonl", "".join(record_line(r) + "\n" for r in records))
         metrics = finish_metrics(records, categories, bool(OmegaConf.select(cfg, "generation.fallback", default=False)))
         if retrieval is not None:
             metrics["retrieval"] = retrieval

@@ -24,8 +24,7 @@ from cbr2.evaluation.metrics import is_correct
 from cbr2.kopl.checker import check_text
 from cbr2.kopl.executor import ExecutionError, Executor
 from cbr2.kopl.grounding import unknown_arguments
-from cbr2.kopl.program import Program
-from cbr2.kopl.program import SYNTAX
+from cbr2.kopl.program import SYNTAX, Program
 from cbr2.kopl.repair import repair
 from cbr2.kopl.text import MAX_TEXT_CHARS, to_text
 from cbr2.prompt import program_text
@@ -96,7 +95,7 @@ def score_generation(text: str, question: Question, bench: Benchmark, executor: 
                   unknown_arguments=None, canonicalized=[], answer=None, values=None, correct=False)
     try:
         return _score(text, record, question, bench, executor, fmt, canonicalize)
-    except Exception as err:  # noqa: BLE001 - one text must never end a run; the fuzz tier keeps this empty
+    except Exception as err:
         log.exception("scoring question %s raised; it is recorded as an %s", question.qid, INTERNAL_ERROR)
         # Before a program parsed, the text is what failed (a syntax error, as SER counts it);
         # after, the execution did.

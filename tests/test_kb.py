@@ -26,7 +26,7 @@ def test_malformed_kb_errors_name_the_place(tmp_path, tiny_kb_dict):
     del tiny_kb_dict["entities"]["Q1"]["relations"][0]["direction"]
     path = tmp_path / "kb.json"
     path.write_text(json.dumps(tiny_kb_dict))
-    with pytest.raises(KBFormatError, match=r"kb\.json: entities\.Q1\.relations\[0\]"):
+    with pytest.raises(KBFormatError, match=r"""kb\.json: entities\["Q1"\]\.relations\[0\]: missing key 'direction'"""):
         load_kqapro_kb(path)
     path.write_text("{not json")
     with pytest.raises(KBFormatError, match="not valid JSON"):
@@ -48,10 +48,10 @@ def test_metaqa_kb_keeps_names_with_commas_whole(tmp_path):
 def test_metaqa_kb_errors_name_file_and_line(tmp_path):
     path = tmp_path / "kb.txt"
     path.write_text("A|directed_by|B\nA|directed_by\n")
-    with pytest.raises(KBFormatError, match=r"kb\.txt:2"):
+    with pytest.raises(KBFormatError, match=r"kb\.txt: line 2: "):
         load_metaqa_kb(path)
     path.write_text("A|produced_by|B\n")
-    with pytest.raises(KBFormatError, match="unknown relation 'produced_by'"):
+    with pytest.raises(KBFormatError, match=r"kb\.txt: line 1: relation: expected .* got the string 'produced_by'"):
         load_metaqa_kb(path)
 
 

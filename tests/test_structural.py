@@ -225,9 +225,12 @@ def test_train_exports_a_loadable_checkpoint_and_resumes(tiny_root, tmp_path):
     assert (run / "config.yaml").is_file() and (run / "git.txt").is_file()
     assert "val/sketch_hit@5" in next(run.glob("logs/*/metrics.csv")).read_text()
 
-    again = train(_cfg(tiny_root, tmp_path, "trainer.max_steps=4"))  # same run: picks up where it stopped
+    again = train(_cfg(tiny_root, tmp_path, "trainer.max_steps=4"))  # same folder: picks up where it stopped
     assert again["resumed_from"] == str(run / "checkpoints" / "last.ckpt")
-    assert again["steps"] == 4 and again["checkpoint"] == str(path) and again["baseline"] == result["baseline"]
+    assert again["steps"] == 4 and again["baseline"] == result["baseline"]
+    # Another budget is another run: it is exported beside the 2-step run's export, not over it.
+    assert again["run_id"] != result["run_id"] and Path(again["checkpoint"]) != path and path.is_dir()
+    assert find_checkpoint(tmp_path / "ckpt", "kqapro") == Path(again["checkpoint"])
 
 
 @pytest.mark.slow

@@ -84,16 +84,25 @@ def test_a_local_sweep_merges_shards_and_tabulates(tmp_path, capsys):
 
 
 def test_a_failed_task_is_recorded_and_the_others_finish(tmp_path, capsys):
-    code = main(["submit", "--local", "--dir", str(tmp_path), "--name", "s", "--grid", "data.split=val,nosuchsplit",
+    # A valid config that fails when run: mini-kqapro's test split has no gold answers (a split
+    # that does not exist is refused when the config is built, before anything is submitted).
+    code = main(["submit", "--local", "--dir", str(tmp_path), "--name", "s", "--grid", "data.split=val,test",
                  *BASE])
     assert code == 1
     summary = json.loads((tmp_path / "s" / "summary.json").read_text())
     assert summary["finished_runs"] == ["run__data.split=val"]
-    assert summary["incomplete_runs"] == ["run__data.split=nosuchsplit"]
-    assert summary["failed"][0]["task"] == 1 and "nosuchsplit" in summary["failed"][0]["error"]
+    assert summary["incomplete_runs"] == ["run__data.split=test"]
+    assert summary["failed"][0]["task"] == 1 and "gold answers" in summary["failed"][0]["error"]
     assert main(["status", str(tmp_path / "s")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert any("failed" in line and "nosuchsplit" in line for line in lines)
+    assert any("failed" in line and "data.split=test" in line for line in lines)
+
+
+def test_a_bad_option_value_is_refused_before_anything_is_submitted(tmp_path, capsys):
+    code = main(["submit", "--local", "--dir", str(tmp_path), "--name", "s", "--grid", "data.split=val,nosuchsplit",
+                 *BASE])
+    assert code == 2 and "data.split='nosuchsplit' is not a kqapro split" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
 
 
 def test_a_local_vary_sweep_writes_each_setting_against_its_base(tmp_path):

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from cbr2.data.schema import (
+    DataError,
+    parse_metaqa_question_line,
+    parse_metaqa_questions,
+    read_json,
+    read_text,
+    validate_kqapro_questions,
+)
 from cbr2.kopl.program import Program, ProgramError, Step
 from cbr2.kopl.text import to_text
 
@@ -25,8 +31,8 @@ METAQA_CATEGORIES = ("1-hop", "2-hop", "3-hop")
 """MetaQA's categories: the hop count (the paper's Table 4 columns)."""
 
 
-class DatasetFormatError(ValueError):
-    """A dataset file that does not follow the official layout; the message names file and place."""
+DatasetFormatError = DataError
+"""The name this module's callers know; every data file problem is one ``DataError``."""
 
 
 @dataclass(frozen=True)
@@ -71,28 +77,21 @@ def load_kqapro_questions(path: str | Path, split: str) -> list[Question]:
     and ``answer`` are absent from the official test file.
 
     Raises:
-        DatasetFormatError: Naming the file and item index of anything malformed.
+        DatasetFormatError: Naming the file and the item (``[17].answer``) of anything
+            malformed, or line and column of text that is not JSON (see ``cbr2.data.schema``).
     """
     path = Path(path)
-    try:
-        items = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as err:
-        raise DatasetFormatError(f"{path}: file not found") from err
-    except json.JSONDecodeError as err:
-        raise DatasetFormatError(f"{path}: not valid JSON ({err})") from err
-    if not isinstance(items, list):
-        raise DatasetFormatError(f"{path}: expected a JSON list of questions")
+    items = read_json(path)
+    validate_kqapro_questions(items, str(path))
     out = []
     for i, item in enumerate(items):
         text = item.get("question") or item.get("rewrite") or item.get("origin")
-        if not isinstance(text, str):
-            raise DatasetFormatError(f"{path}: item {i} has no 'question' (or 'rewrite' / 'origin') text")
         program = None
         if item.get("program") is not None:
             try:
-                program = Program.from_json(item["program"], where=f"{path}: item {i}")
+                program = Program.from_json(item["program"])
             except ProgramError as err:
-                raise DatasetFormatError(str(err)) from err
+                raise DatasetFormatError(f"{path}: [{i}].program: {err}") from err
         out.append(Question(
             qid=f"{split}-{i}", question=text, program=program, answer=item.get("answer"),
             category=kqapro_category(program) if program else None,
@@ -114,9 +113,6 @@ METAQA_TYPES = {
     "imdbvotes": "has_imdb_votes", "votes": "has_imdb_votes",
     "imdbrating": "has_imdb_rating", "rating": "has_imdb_rating",
 }
-
-_TOPIC = re.compile(r"\[([^\[\]]+)\]")
-
 
 def metaqa_program(topic: str, qtype: str) -> Program:
     """Build ``Find[topic] → Relate[rel | dir] × hops → QueryName[]`` from a qtype chain.
@@ -152,8 +148,8 @@ def load_metaqa_questions(root: str | Path, split: str, hops: tuple[int, ...] = 
     names with commas stay whole. The program comes from the qtype line of the same index.
 
     Raises:
-        DatasetFormatError: Naming file and line of a malformed line, a missing qtype file or
-            a line-count mismatch.
+        DatasetFormatError: Naming file and line of a malformed line (no tab, not one
+            ``[topic]``, an empty answer, not UTF-8), a missing qtype file or a line-count mismatch.
     """
     root = Path(root)
     out: list[Question] = []
@@ -164,21 +160,17 @@ def load_metaqa_questions(root: str | Path, split: str, hops: tuple[int, ...] = 
             if not p.is_file():
                 raise DatasetFormatError(f"{p}: file not found (MetaQA layout: {{k}}-hop/vanilla/qa_{{split}}.txt "
                                          "and {k}-hop/qa_{split}_qtype.txt)")
-        qa_lines = qa_path.read_text(encoding="utf-8").splitlines()
-        qtypes = qtype_path.read_text(encoding="utf-8").splitlines()
-        if len(qa_lines) != len(qtypes):
-            raise DatasetFormatError(f"{qtype_path}: {len(qtypes)} lines, but {qa_path} has {len(qa_lines)}")
-        for lineno, (line, qtype) in enumerate(zip(qa_lines, qtypes), 1):
+        rows = parse_metaqa_questions(read_text(qa_path), str(qa_path))
+        qtypes = read_text(qtype_path).splitlines()
+        if len(rows) != len(qtypes):
+            raise DatasetFormatError(f"{qtype_path}: {len(qtypes)} lines, but {qa_path} has {len(rows)}")
+        for lineno, (row, qtype) in enumerate(zip(rows, qtypes, strict=True), 1):
             try:
-                text, topic, answers = parse_metaqa_line(line)
+                program = metaqa_program(row["topic"], qtype)
             except ValueError as err:
-                raise DatasetFormatError(f"{qa_path}:{lineno}: {err}") from err
-            try:
-                program = metaqa_program(topic, qtype)
-            except ValueError as err:
-                raise DatasetFormatError(f"{qtype_path}:{lineno}: {err}") from err
-            out.append(Question(qid=f"{k}hop-{split}-{lineno}", question=text, program=program,
-                                answer=answers, category=metaqa_category(program)))
+                raise DatasetFormatError(f"{qtype_path}: line {lineno}: {err}") from err
+            out.append(Question(qid=f"{k}hop-{split}-{lineno}", question=row["question"], program=program,
+                                answer=row["answers"], category=metaqa_category(program)))
     return out
 
 
@@ -186,15 +178,13 @@ def parse_metaqa_line(line: str) -> tuple[str, str, list[str]]:
     """Split ``question with [topic]<TAB>a1|a2`` into text, topic and answers.
 
     Answers are split on ``|`` only: names with commas (``Girl, Interrupted``) stay whole.
+    Only the layout is checked here; ``load_metaqa_questions`` also rejects empty answers.
 
     Raises:
         ValueError: If the line has no tab or not exactly one bracketed topic.
     """
-    text, tab, answers = line.rstrip("\r\n").partition("\t")
-    topics = _TOPIC.findall(text)
-    if not tab or len(topics) != 1:
-        raise ValueError(f"expected 'question with one [topic entity]<TAB>answers', got {line!r}")
-    return text, topics[0], [a for a in answers.split("|") if a]
+    row = parse_metaqa_question_line(line)
+    return row["question"], row["topic"], row["answers"]
 
 
 def metaqa_topics(program: Program) -> set[str]:

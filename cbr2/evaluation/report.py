@@ -160,7 +160,8 @@ def render_retrieval(block: dict[str, Any]) -> list[str]:
 
 def write_report(path: Path, metrics: dict[str, Any], title: str) -> None:
     """Write ``report.md``."""
-    path.write_text(render_report(metrics, title), encoding="utf-8")
+    # Generated text may hold a lone surrogate (predictions.jsonl escapes it); the report shows it escaped.
+    path.write_text(render_report(metrics, title), encoding="utf-8", errors="backslashreplace")
 
 
 def _run_lines(prov: dict[str, Any]) -> list[str]:

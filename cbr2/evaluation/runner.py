@@ -21,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -28,6 +29,7 @@ from cbr2.config import git_hash
 from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES, Question
 from cbr2.evaluation.metrics import compute_metrics, retrieval_metrics
+from cbr2.evaluation.records import append_record, read_records, records_by_id
 from cbr2.evaluation.report import write_report
 from cbr2.generation.fallback import (
     build_correction,
@@ -42,8 +44,8 @@ from cbr2.kopl.sketch import schema_items, sketch
 from cbr2.kopl.text import FORMATS
 from cbr2.llm import backend_class, make_backend
 from cbr2.llm.base import Completion, Prompt
-from cbr2.pipeline import score_generation
-from cbr2.prompt import FALLBACK_VERSION, PROMPT_VERSION, PromptBuilder, program_text, prompt_hash
+from cbr2.pipeline import score_completion
+from cbr2.prompt import FALLBACK_VERSION, PROMPT_VERSION, PromptBuilder, prompt_hash
 from cbr2.retrieval.cases import VIEWS, Query
 from cbr2.retrieval.knowledge import Knowledge
 from cbr2.retrieval.retriever import CASE_MODES, Retrieved, Retriever, check_retrieval_config, resolve_structural
@@ -295,7 +297,7 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
     backend = make_backend(cfg, questions, grammar=grammar)
     gen_key = generation_key(cfg, backend)
     hashes = [prompt_hash(p) for p in prompts]
-    done = load_predictions(pred_path)
+    done = load_predictions(pred_path, repair=True)  # cuts a half-written last record before appending
     cached = {q.qid for q, h in zip(questions, hashes, strict=True)
               if q.qid in done and done[q.qid].get("prompt_hash") == h and done[q.qid].get("generation_key") == gen_key}
     todo = [i for i, q in enumerate(questions) if q.qid not in cached]
@@ -313,13 +315,11 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
         canonicalize = build_canonicalizer(cfg, bench)
 
     def score(text: str, i: int) -> dict[str, Any]:
-        return score_generation(program_text(text), questions[i], bench, executor, cfg.prompt.format,
-                                canonicalize=canonicalize)
+        return score_completion(text, questions[i], bench, executor, cfg.prompt.format, canonicalize=canonicalize)
 
     with pred_path.open("a", encoding="utf-8") as sink:
         def write(record: dict[str, Any]) -> None:
-            sink.write(json.dumps(record, ensure_ascii=False) + "\n")
-            sink.flush()
+            append_record(sink, record)
             done[record["id"]] = record
 
         if todo:
@@ -332,7 +332,7 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
                     record = score(completion.text, i)
                     # Wall time since the previous answer: their sum is the run's generation time,
                     # also for backends that return a whole batch at once.
-                    record.update(generated=completion.text, prompt_hash=hashes[i], generation_key=gen_key,
+                    record.update(prompt_hash=hashes[i], generation_key=gen_key,
                                   prompt_tokens=completion.prompt_tokens,
                                   completion_tokens=completion.completion_tokens, latency_s=now - last[0])
                     last[0] = now
@@ -455,7 +455,7 @@ def run_retrieval(cfg: DictConfig, bench: Benchmark, questions: list[Question], 
     seconds = time.perf_counter() - start
     with (out / "retrieval.jsonl").open("w", encoding="utf-8") as sink:
         for item in retrieved:
-            sink.write(json.dumps(item.to_record(), ensure_ascii=False) + "\n")
+            append_record(sink, item.to_record())
 
     pool_sketches = [sketch(q.program) for q in retriever.pool]
     view_sketches = {view: [[pool_sketches[i] for i, _ in item.rankings[view]] for item in retrieved]
@@ -472,47 +472,53 @@ def run_retrieval(cfg: DictConfig, bench: Benchmark, questions: list[Question], 
     return block, {item.query.qid: item for item in retrieved}
 
 
-def load_predictions(path: Path) -> dict[str, dict[str, Any]]:
-    """Records of an earlier (possibly interrupted) run, by question id.
+def load_predictions(path: Path, repair: bool = False) -> dict[str, dict[str, Any]]:
+    """Records of an earlier (possibly interrupted) run, by question id (``records.read_records``).
 
-    A half-written last line (the process died mid-write) is dropped and the file is cut
-    back to its last complete record; a broken line elsewhere is an error.
+    A damaged last line (the process died mid-write) is dropped with a warning; with ``repair``
+    (the run about to append to the file) the file is also cut back to its last good record.
+    A question may appear again further down when its record was superseded: a fallback's
+    pending first pass by its final record, or a record whose prompt or generation key is no
+    longer this configuration's by one generated again. The newest record wins then.
 
     Raises:
-        ValueError: Naming the file and line of a corrupt record before the last line.
+        ValueError: Naming the file and line of a corrupt record before the last line, or both
+            lines of a question recorded twice with different content that supersedes nothing.
     """
-    if not path.exists():
-        return {}
-    text = path.read_text(encoding="utf-8")
-    # Split on "\n" only: JSON text may hold U+2028 and friends, which splitlines() breaks on.
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    records: dict[str, dict[str, Any]] = {}
-    for lineno, line in enumerate(lines, 1):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            if lineno == len(lines) and not text.endswith("\n"):
-                log.warning("%s:%d: dropping a half-written record", path, lineno)
-                path.write_text("".join(f"{ln}\n" for ln in lines[:-1]), encoding="utf-8")
-                break
-            raise ValueError(f"{path}:{lineno}: corrupt prediction record; remove the line or the file") from None
-        records[rec["id"]] = rec
-    else:
-        if text and not text.endswith("\n"):  # complete record, killed before its newline
-            with path.open("a", encoding="utf-8") as handle:
-                handle.write("\n")
-    return records
+    return records_by_id(path, read_records(path, repair=repair), supersedes=_supersedes)
+
+
+def _supersedes(new: dict[str, Any], old: dict[str, Any]) -> bool:
+    """Whether ``new`` may replace the earlier record ``old`` of the same question."""
+    stale = (new.get("prompt_hash"), new.get("generation_key")) != (old.get("prompt_hash"), old.get("generation_key"))
+    return stale or is_pending(old)
 
 
 def check_same_config(out: Path, cfg: DictConfig) -> None:
-    """Refuse to mix predictions of different configurations in one folder."""
+    """Refuse to mix predictions of different configurations in one folder.
+
+    Raises:
+        ValueError: When the folder's ``config.yaml`` differs in an ``IDENTITY_KEYS`` section
+            (naming them), or cannot be read as a mapping (then nobody knows what wrote the
+            predictions beside it).
+    """
     old_path = out / "config.yaml"
     if not old_path.exists() or not (out / "predictions.jsonl").exists():
         return
-    old = OmegaConf.load(old_path)
-    diff = [k for k in IDENTITY_KEYS if OmegaConf.to_container(old.get(k, {})) != OmegaConf.to_container(cfg[k])]
+    try:
+        old = OmegaConf.load(old_path)
+        problem = None if isinstance(old, DictConfig) else "not a mapping"
+    except (OSError, yaml.YAMLError) as err:
+        problem = " ".join(str(err).split())
+    if problem:
+        raise ValueError(f"{old_path} is not a readable config ({problem}), so what wrote the predictions beside it "
+                         "is unknown; choose another output_dir or delete the folder")
+
+    def section(node: DictConfig, key: str) -> Any:
+        value = node.get(key)
+        return OmegaConf.to_container(value) if isinstance(value, DictConfig) else value
+
+    diff = [k for k in IDENTITY_KEYS if section(old, k) != section(cfg, k)]
     if diff:
         raise ValueError(f"{out} holds predictions of a different configuration (sections {', '.join(diff)} differ); "
                          "choose another output_dir or delete the folder")

@@ -97,7 +97,8 @@ def corrected(first: dict[str, Any], second: dict[str, Any], completion: Complet
 
     Args:
         first: Its pending first-pass record.
-        second: ``score_generation``'s record of the correction.
+        second: ``score_completion``'s record of the correction (its ``generated`` is the
+            correction's completion).
         completion: What the correction generated.
         latency_s: Seconds the correction took.
         prompt_hash: ``prompt_hash`` of the correction prompt.
@@ -105,7 +106,7 @@ def corrected(first: dict[str, Any], second: dict[str, Any], completion: Complet
     single = first["single_pass"]
     kept = "correction" if _severity(second) < _severity(single) else "single_pass"
     if kept == "correction":
-        final = {**second, "generated": completion.text}
+        final = dict(second)
     else:
         final = {k: v for k, v in first.items() if k not in ("single_pass", "fallback")}
     return {
@@ -116,7 +117,7 @@ def corrected(first: dict[str, Any], second: dict[str, Any], completion: Complet
         "prompt_tokens": _total(single["prompt_tokens"], completion.prompt_tokens),
         "completion_tokens": _total(single["completion_tokens"], completion.completion_tokens),
         "single_pass": single,
-        "fallback": {"fired": True, "kept": kept, "generated": completion.text, "error_kind": second["error_kind"],
+        "fallback": {"fired": True, "kept": kept, "generated": second["generated"], "error_kind": second["error_kind"],
                      "latency_s": latency_s, "prompt_tokens": completion.prompt_tokens,
                      "completion_tokens": completion.completion_tokens,
                      "fixed": kept == "correction" and bool(second["correct"]) and not single["correct"],

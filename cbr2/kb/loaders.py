@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from cbr2.data.schema import METAQA_RELATIONS, DataError, parse_metaqa_kb, read_json, read_text, validate_kqapro_kb
 from cbr2.kb.model import KB
 
-METAQA_RELATIONS = {
-    # relation -> concept of the tail (the head is always a movie)
-    "directed_by": "person",
-    "written_by": "person",
-    "starred_actors": "person",
-    "release_year": "year",
-    "in_language": "language",
-    "has_tags": "tag",
-    "has_genre": "genre",
-    "has_imdb_votes": "imdb votes",
-    "has_imdb_rating": "imdb rating",
-}
-"""MetaQA's nine relations and the concept their tails get in the KB model."""
-
-
-class KBFormatError(ValueError):
-    """A KB file that does not follow the official format; the message names file and place."""
+KBFormatError = DataError
+"""The name this module's callers know; every data file problem is one ``DataError``."""
 
 
 def load_kqapro_kb(path: str | Path) -> KB:
@@ -35,39 +20,27 @@ def load_kqapro_kb(path: str | Path) -> KB:
     ``relation``. Both become the newer one.
 
     Raises:
-        KBFormatError: If the file is not JSON or lacks the expected keys.
+        KBFormatError: Naming the file and the item (or line and column) at the first problem:
+            not UTF-8, not JSON, or not the official schema (see ``cbr2.data.schema``).
     """
-    path = Path(path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise KBFormatError(f"{path}: not valid JSON ({err})") from err
-    return kqapro_kb_from_dict(raw, str(path))
+    return kqapro_kb_from_dict(read_json(path), str(path))
 
 
 def kqapro_kb_from_dict(raw: dict[str, Any], source: str = "<memory>") -> KB:
-    """Normalise an in-memory KQA Pro KB dict (either schema) into a ``KB``."""
-    if not isinstance(raw, dict) or not {"concepts", "entities"} <= raw.keys():
-        raise KBFormatError(f"{source}: expected an object with 'concepts' and 'entities'")
-    concepts = {}
-    for cid, con in raw["concepts"].items():
-        parents = con.get("subclassOf", con.get("instanceOf"))
-        if "name" not in con or parents is None:
-            raise KBFormatError(f"{source}: concepts.{cid} needs 'name' and 'subclassOf' (or 'instanceOf')")
-        concepts[cid] = {"name": con["name"], "subclassOf": list(parents)}
+    """Validate an in-memory KQA Pro KB dict (either schema) and normalise it into a ``KB``.
+
+    Raises:
+        KBFormatError: Naming ``source`` and the item at the first problem.
+    """
+    validate_kqapro_kb(raw, source)
+    # From here on the data is known to be well formed: this only renames the older schema's fields.
+    concepts = {cid: {"name": con["name"], "subclassOf": list(con.get("subclassOf", con.get("instanceOf")))}
+                for cid, con in raw["concepts"].items()}
     entities = {}
     for eid, ent in raw["entities"].items():
-        if "name" not in ent:
-            raise KBFormatError(f"{source}: entities.{eid} has no 'name'")
-        relations = []
-        for k, rel in enumerate(ent.get("relations", [])):
-            name = rel.get("relation", rel.get("predicate"))
-            if name is None or "object" not in rel or rel.get("direction") not in ("forward", "backward"):
-                raise KBFormatError(
-                    f"{source}: entities.{eid}.relations[{k}] needs 'relation' (or 'predicate'), "
-                    "'object' and a direction forward/backward")
-            relations.append({"relation": name, "direction": rel["direction"], "object": rel["object"],
-                              "qualifiers": rel.get("qualifiers", {})})
+        relations = [{"relation": rel.get("relation", rel.get("predicate")), "direction": rel["direction"],
+                      "object": rel["object"], "qualifiers": rel.get("qualifiers", {})}
+                     for rel in ent.get("relations", [])]
         entities[eid] = {"name": ent["name"], "instanceOf": list(ent.get("instanceOf", [])),
                          "attributes": [dict(a, qualifiers=a.get("qualifiers", {})) for a in ent.get("attributes", [])],
                          "relations": relations}
@@ -83,7 +56,8 @@ def load_metaqa_kb(path: str | Path) -> KB:
     and backward on the tail, as KQA Pro stores relations.
 
     Raises:
-        KBFormatError: Naming the file and line of a malformed triple or unknown relation.
+        KBFormatError: Naming the file and line of a malformed triple or unknown relation, or
+            the line and byte offset of text that is not UTF-8.
     """
     path = Path(path)
     concept_ids = {"movie": "c0"}
@@ -103,23 +77,11 @@ def load_metaqa_kb(path: str | Path) -> KB:
         return ent
 
     seen: set[tuple[str, str, str]] = set()
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            line = line.rstrip("\n").rstrip("\r")
-            if not line.strip():
-                continue
-            parts = line.split("|")
-            if len(parts) != 3 or not all(p.strip() for p in parts):
-                raise KBFormatError(f"{path}:{lineno}: expected 'head|relation|tail', got {line!r}")
-            head, rel, tail = (p.strip() for p in parts)
-            if rel not in METAQA_RELATIONS:
-                raise KBFormatError(f"{path}:{lineno}: unknown relation {rel!r}; MetaQA has {sorted(METAQA_RELATIONS)}")
-            if (head, rel, tail) in seen:
-                continue
-            seen.add((head, rel, tail))
-            h, t = entity(head, "movie"), entity(tail, METAQA_RELATIONS[rel])
-            h["relations"].append({"relation": rel, "direction": "forward", "object": ids[tail], "qualifiers": {}})
-            t["relations"].append({"relation": rel, "direction": "backward", "object": ids[head], "qualifiers": {}})
-    if not entities:
-        raise KBFormatError(f"{path}: no triples")
+    for head, rel, tail in parse_metaqa_kb(read_text(path), str(path)):
+        if (head, rel, tail) in seen:
+            continue
+        seen.add((head, rel, tail))
+        h, t = entity(head, "movie"), entity(tail, METAQA_RELATIONS[rel])
+        h["relations"].append({"relation": rel, "direction": "forward", "object": ids[tail], "qualifiers": {}})
+        t["relations"].append({"relation": rel, "direction": "backward", "object": ids[head], "qualifiers": {}})
     return KB(concepts, entities, str(path))

@@ -5,8 +5,9 @@ An entry is a folder ``{label}-{key}`` holding ``embeddings.npy``, the index whe
 key hashes the encoder name, a fingerprint of its weights, the exact texts embedded and the
 cache format, so a fine-tuned encoder or a changed KB never reuses an entry. Entries are
 written to a temporary folder and renamed, under a build lock, so concurrent SLURM tasks
-build an entry once and never see a half-written one; on load, sizes and checksums are verified and an entry that does
-not match is rebuilt, never used.
+build an entry once and never see a half-written one. On load, the metadata, sizes, dtype
+and checksums are verified; an entry that does not match, whatever is wrong with it, is
+removed with a warning and rebuilt, never used.
 """
 
 from __future__ import annotations
@@ -55,6 +56,14 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _remove(path: Path) -> None:
+    """Delete a cache entry, whether a folder, a file or a link."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 class EmbeddingStore:
     """Embeddings and indexes of text collections, built once and reused across runs.
 
@@ -101,31 +110,55 @@ class EmbeddingStore:
         return embeddings, index
 
     def _load(self, entry: Path, meta: dict) -> tuple[np.ndarray, faiss.Index] | None:
-        if not entry.is_dir():
+        """The entry's embeddings and index, or None when it is missing or unusable.
+
+        An unusable entry (of any kind: missing or truncated files, a ``meta.json`` that is
+        not the expected object, a checksum mismatch, vectors of another dtype or shape, a
+        file where the folder should be) is removed with one warning naming it and what is
+        wrong, so that it is rebuilt once and the rebuilt entry is reused by later runs.
+        """
+        if not entry.exists() and not entry.is_symlink():
             return None
         try:
-            stored = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
-            if {k: stored.get(k) for k in meta} != meta:
-                raise ValueError("stale entry: its meta.json describes other content")
-            emb_path = entry / "embeddings.npy"
-            if _file_sha256(emb_path) != stored["embeddings_sha256"]:
-                raise ValueError("embeddings.npy does not match its checksum")
-            embeddings = np.load(emb_path, allow_pickle=False)
-            if embeddings.shape != (meta["n"], stored["dim"]) or embeddings.dtype != np.float32:
-                raise ValueError(f"embeddings have shape {embeddings.shape}, expected ({meta['n']}, {stored['dim']})")
-            if stored.get("index_sha256"):
-                idx_path = entry / "index.faiss"
-                if _file_sha256(idx_path) != stored["index_sha256"]:
-                    raise ValueError("index.faiss does not match its checksum")
-                index = faiss.read_index(str(idx_path))
-            else:
-                index = build_index(embeddings, "flat")
-            if index.ntotal != meta["n"]:
-                raise ValueError(f"index holds {index.ntotal} vectors, expected {meta['n']}")
-        except (OSError, ValueError, KeyError, RuntimeError, json.JSONDecodeError) as err:
-            log.warning("cache entry %s is unusable (%s); rebuilding it", entry, err)
-            shutil.rmtree(entry, ignore_errors=True)
+            if not entry.is_dir():
+                raise ValueError("it is a file, not a folder")
+            return self._read(entry, meta)
+        except MemoryError:  # the entry may be fine; this process cannot hold it
+            raise
+        # Anything that stops an entry from loading makes it unusable, whatever the exception;
+        # it costs a rebuild, never a crash of this run and of every later one.
+        except Exception as err:  # noqa: BLE001
+            log.warning("cache entry %s is unusable (%s: %s); rebuilding it", entry, type(err).__name__, err)
+            _remove(entry)
             return None
+
+    @staticmethod
+    def _read(entry: Path, meta: dict) -> tuple[np.ndarray, faiss.Index]:
+        stored = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
+        if not isinstance(stored, dict):
+            raise TypeError(f"meta.json holds a JSON {type(stored).__name__}, not an object")
+        if {k: stored.get(k) for k in meta} != meta:
+            raise ValueError("stale entry: its meta.json describes other content")
+        dim = stored.get("dim")
+        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
+            raise ValueError(f"meta.json has dim={dim!r}, not a positive integer")
+        emb_path = entry / "embeddings.npy"
+        if _file_sha256(emb_path) != stored.get("embeddings_sha256"):
+            raise ValueError("embeddings.npy does not match its checksum")
+        embeddings = np.load(emb_path, allow_pickle=False)
+        expected = (meta["n"], dim)
+        if embeddings.shape != expected or embeddings.dtype != np.float32:
+            raise ValueError(f"embeddings are {embeddings.dtype} of shape {embeddings.shape}, "
+                             f"expected float32 of shape {expected}")
+        if stored.get("index_sha256"):
+            idx_path = entry / "index.faiss"
+            if _file_sha256(idx_path) != stored["index_sha256"]:
+                raise ValueError("index.faiss does not match its checksum")
+            index = faiss.read_index(str(idx_path))
+        else:
+            index = build_index(embeddings, "flat")
+        if index.ntotal != meta["n"] or index.d != dim:
+            raise ValueError(f"index holds {index.ntotal} vectors of {index.d} dimensions, expected {meta['n']} of {dim}")
         return embeddings, index
 
     def _save(self, entry: Path, meta: dict, embeddings: np.ndarray, index: faiss.Index, kind: str) -> None:
@@ -140,8 +173,10 @@ class EmbeddingStore:
             (tmp / "meta.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
             try:
                 os.rename(tmp, entry)
-            except OSError:  # another process finished the same entry first; theirs is as good
+            except OSError as err:
                 shutil.rmtree(tmp, ignore_errors=True)
+                if not entry.is_dir():  # not another process's finished entry: this one is lost
+                    log.warning("could not store cache entry %s (%s); it is encoded again next time", entry, err)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -1,8 +1,10 @@
 """``python train.py``: fine-tune, validate and export the structural retriever.
 
-A run's id hashes what determines its result (``data``, ``structural``, ``seed``), so the
-same command reuses the same run folder and resumes from its newest checkpoint; ``trainer.*``
-(devices, precision, step limits) can change between attempts.
+A run's id hashes what determines its result (``data``, ``structural``, ``seed`` and the
+``trainer`` settings that change the trained weights: step limits, precision ...), so the same
+command reuses the same run folder and resumes from its newest checkpoint, while a run with
+another budget gets a folder and an export of its own; where it runs (``trainer.devices``,
+``num_nodes``, ``strategy`` ...) can change between attempts (``RUN_INDEPENDENT_TRAINER_KEYS``).
 
 Under SLURM (``slurm/train.sbatch``) Lightning's ``SLURMEnvironment`` does the distribution: one
 DDP process per task, sized here from the allocation. Before the time limit SLURM sends SIGUSR1;
@@ -47,10 +49,34 @@ _HPC_CKPT = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
 """What Lightning names the checkpoint it saves on SLURM's requeue signal (in ``default_root_dir``)."""
 
 
+RUN_INDEPENDENT_TRAINER_KEYS = frozenset({
+    # Where and on how much hardware the run goes. A requeued SLURM job may land on another
+    # allocation, and slurm_sizing() fills devices and num_nodes from it: the requeued attempt
+    # must find its own run folder and resume, so these cannot change the id.
+    "accelerator", "devices", "num_nodes", "strategy", "plugins",
+    # What is logged or shown while training, not what is trained.
+    "log_every_n_steps", "enable_progress_bar", "enable_model_summary", "profiler", "enable_autolog_hparams",
+    "model_registry",
+    # Checks and sanity passes that leave the weights alone.
+    "detect_anomaly", "num_sanity_val_steps", "inference_mode",
+    # Read by test() and predict(), which train() never calls.
+    "limit_test_batches", "limit_predict_batches",
+})
+"""``trainer.*`` keys left out of the run id; every other one (step and epoch budgets,
+precision, gradient clipping and accumulation, validation schedule ...) changes what is trained
+or which checkpoint is exported, so it is part of the id."""
+
+
 def run_id(cfg: DictConfig) -> str:
-    """Ten hex digits of the SHA-256 of the resolved ``data``, ``structural`` and ``seed``."""
+    """Ten hex digits of the SHA-256 of the resolved ``data``, ``structural``, ``seed`` and
+    ``trainer`` (without ``RUN_INDEPENDENT_TRAINER_KEYS``).
+
+    Runs that train differently (a 40-step run and a default one, say) get their own run folder
+    and export; attempts of one run on other hardware share them, so a requeued job resumes.
+    """
     full = OmegaConf.to_container(cfg, resolve=True)
     identity = {key: full[key] for key in ("data", "structural", "seed")}
+    identity["trainer"] = {k: v for k, v in full["trainer"].items() if k not in RUN_INDEPENDENT_TRAINER_KEYS}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -151,14 +177,25 @@ def _loggers(cfg: DictConfig, out: Path, rid: str) -> list[Logger]:
     return loggers
 
 
+def _recorded_run_id(out: Path) -> str | None:
+    """The run id an earlier attempt in ``out`` recorded (in ``baseline.json``), if readable."""
+    try:
+        saved = json.loads((out / "baseline.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return saved.get("run_id") if isinstance(saved, dict) else None
+
+
 def _baseline(trainer: L.Trainer, module: StructuralRetriever, dm: PairDataModule, out: Path,
               rid: str) -> dict[str, float]:
     """Validation metrics of the untrained backbone, computed once per run."""
     cached = out / "baseline.json"
-    if cached.is_file():
+    try:
         saved = json.loads(cached.read_text(encoding="utf-8"))
-        if saved.get("run_id") == rid:
-            return saved["metrics"]
+        if saved["run_id"] == rid:
+            return dict(saved["metrics"])
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: computed again
+        pass
     with _own_weights():
         trainer.validate(module, datamodule=dm, verbose=False)
     metrics = dict(module.val_metrics)
@@ -217,6 +254,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     log.info("run %s in %s", rid, out)
 
     resume = resume_checkpoint(out)
+    earlier = _recorded_run_id(out)
+    if resume and earlier not in (None, rid):
+        # Only an explicit output_dir can hold another run: the default folder is named by the id.
+        log.warning("%s holds run %s, trained with another configuration; run %s continues from its checkpoint "
+                    "(choose another output_dir to start afresh)", out, earlier, rid)
     try:
         baseline = _baseline(trainer, module, dm, out, rid)
         module.val_metrics = {}

@@ -1,0 +1,452 @@
+"""The one validation layer of every input data file, run once at load.
+
+Formats: KQA Pro ``kb.json`` (both published schemas) and question files, MetaQA ``kb.txt`` and
+question files. Each is described here once, as pydantic schemas that mirror the official
+layout (``extra="allow"``: fields the project does not read, such as ``sparql``, are fine),
+validated in strict mode so that nothing is coerced: the loaders go on with the parsed data
+itself, so a file either loads exactly as written or is rejected. Checks that span items (a
+relation's target exists, no single question lacks its answer) run right after the structural
+ones, in the same functions.
+
+Every rejection is a ``DataError`` whose message reads ``<file>: <item>: <what is wrong>``,
+e.g. ``kb.json: entities["Q42"].attributes[3]: missing key 'key'``.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import re
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, with_config
+from typing_extensions import NotRequired, TypedDict  # pydantic needs these on Python < 3.12
+
+
+class DataError(ValueError):
+    """A data file that does not follow its official format.
+
+    The message is ``<file>: <item>: <what is wrong>``; the item is a path into the file
+    (``entities["Q42"].attributes[3]``, ``[17].answer``) or a line (``line 12``).
+    """
+
+
+# ------------------------------------------------------------------------ reading files
+
+def read_text(path: str | Path) -> str:
+    """The text of a UTF-8 file.
+
+    Raises:
+        DataError: If the file does not exist, or is not UTF-8 (naming the line and byte offset
+            of the first bad byte).
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as err:
+        raise DataError(f"{path}: file not found") from err
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise DataError(f"{path}: line {line}, byte {err.start}: not UTF-8 text "
+                        f"({err.reason} 0x{data[err.start]:02x})") from err
+
+
+def read_json(path: str | Path) -> Any:
+    """Parse a UTF-8 JSON file.
+
+    Raises:
+        DataError: As ``read_text``, or naming line and column where the text stops being JSON.
+    """
+    text = read_text(path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: line {err.lineno}, column {err.colno}: not valid JSON ({err.msg})") from err
+
+
+def text_lines(text: str) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` pairs without line endings; ``\\n``, ``\\r\\n`` and ``\\r`` all end a line.
+
+    These are exactly the lines a text-mode file object yields, so a file reads as it did
+    before validation existed (``str.splitlines`` would also split on form feeds and U+2028).
+    """
+    for lineno, line in enumerate(io.StringIO(text, newline=None), 1):
+        yield lineno, line.rstrip("\n")
+
+
+# ------------------------------------------------------------------- error messages
+
+_JSON_TYPES = {"dict_type": "an object", "model_type": "an object", "model_attributes_type": "an object",
+               "list_type": "a list", "string_type": "a string", "int_type": "an integer",
+               "float_type": "a number", "bool_type": "true or false"}
+"""pydantic's type errors, said in JSON's words (the files are JSON, not Python)."""
+
+
+def _got(value: Any) -> str:
+    """What a bad value is, briefly: a whole entity in a message would hide the point."""
+    if isinstance(value, (dict, list)):
+        return "an object" if isinstance(value, dict) else "a list"
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)  # true / false / null, as the file writes them
+    text = repr(value)
+    return f"{'the string' if isinstance(value, str) else 'the number'} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _what(err: dict[str, Any]) -> str:
+    """The ``<what is wrong>`` of one pydantic error."""
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "missing":
+        return f"missing key {err['loc'][-1]!r}"
+    if kind == "union_tag_not_found":
+        return f"missing key {ctx['discriminator']}"
+    if kind == "union_tag_invalid":
+        return f"unknown {ctx['discriminator'].strip(chr(39))} {ctx['tag']!r}; expected {ctx['expected_tags']}"
+    if kind in _JSON_TYPES:
+        return f"expected {_JSON_TYPES[kind]}, got {_got(err['input'])}"
+    if kind == "literal_error":
+        return f"expected {ctx['expected']}, got {_got(err['input'])}"
+    if kind in ("string_too_short", "too_short"):
+        return "must not be empty"
+    return f"{err['msg'][0].lower()}{err['msg'][1:]}, got {_got(err['input'])}"
+
+
+def _item(loc: Iterable[str | int], data: Any, mappings: frozenset[str] = frozenset()) -> str:
+    """The path of an error's place in the file, e.g. ``entities["Q42"].attributes[3]``.
+
+    Walks ``loc`` through the data itself: parts that are not places in the file (the value
+    type a tagged union adds, the missing key of a ``missing`` error) drop out on the way.
+
+    Args:
+        loc: pydantic's ``loc`` of the error.
+        data: What was validated.
+        mappings: Fields whose keys are ids or names (``entities``), written ``["Q42"]``.
+    """
+    parts: list[str] = []
+    node, key_of_mapping = data, False
+    for part in loc:
+        if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            parts.append(f"[{part}]")
+            node, key_of_mapping = node[part], False
+        elif isinstance(node, dict) and part in node:
+            is_field = not key_of_mapping
+            parts.append(f".{part}" if is_field else f"[{json.dumps(part, ensure_ascii=False)}]")
+            node, key_of_mapping = node[part], is_field and part in mappings
+    return "".join(parts).removeprefix(".") or "top level"
+
+
+def _raise_first(source: str, err: ValidationError, data: Any, mappings: frozenset[str] = frozenset()) -> None:
+    """Raise a ``DataError`` for the first (in file order) of pydantic's errors."""
+    errors = err.errors(include_url=False)
+    first = errors[0]
+    more = f" (the first of {len(errors)} problems)" if len(errors) > 1 else ""
+    raise DataError(f"{source}: {_item(first['loc'], data, mappings)}: {_what(first)}{more}") from None
+
+
+# ------------------------------------------------------------------------ schemas
+
+METAQA_RELATIONS = {
+    # relation -> concept of the tail (the head is always a movie)
+    "directed_by": "person",
+    "written_by": "person",
+    "starred_actors": "person",
+    "release_year": "year",
+    "in_language": "language",
+    "has_tags": "tag",
+    "has_genre": "genre",
+    "has_imdb_votes": "imdb votes",
+    "has_imdb_rating": "imdb rating",
+}
+"""MetaQA's nine relations and the concept their tails get in the KB model."""
+
+
+# TypedDicts rather than BaseModels: on a kb.json of KQA Pro's size (~1M facts), validating
+# into model objects took 4x as long as json.loads, into dicts about as long. strict: a "5" is
+# not a 5 and a 5 is not a "5", since the loaders go on with the data as parsed.
+_record = with_config(ConfigDict(extra="allow", strict=True))
+
+
+@_record
+class StringValue(TypedDict):
+    type: Literal["string"]
+    value: str
+
+
+@_record
+class QuantityValue(TypedDict):
+    type: Literal["quantity"]
+    value: float  # strict mode takes a JSON integer here too, never a string
+    unit: NotRequired[str]  # "1" (or no unit) is unitless
+
+
+@_record
+class DateValue(TypedDict):
+    type: Literal["date"]
+    value: str  # yyyy-mm-dd or yyyy/mm/dd
+
+
+@_record
+class YearValue(TypedDict):
+    type: Literal["year"]
+    value: int
+
+
+Value = Annotated[StringValue | QuantityValue | DateValue | YearValue, Field(discriminator="type")]
+Qualifiers = dict[str, list[Value]]
+
+
+@_record
+class Attribute(TypedDict):
+    key: str
+    value: Value
+    qualifiers: NotRequired[Qualifiers]
+
+
+@_record
+class Relation(TypedDict):
+    relation: NotRequired[str]  # newer schema
+    predicate: NotRequired[str]  # the older schema's name for it; one of the two is checked after
+    direction: Literal["forward", "backward"]
+    object: str  # an entity id, or a concept id
+    qualifiers: NotRequired[Qualifiers]
+
+
+@_record
+class Entity(TypedDict):
+    name: str
+    instanceOf: NotRequired[list[str]]  # concept ids
+    attributes: NotRequired[list[Attribute]]
+    relations: NotRequired[list[Relation]]
+
+
+@_record
+class Concept(TypedDict):
+    name: str
+    subclassOf: NotRequired[list[str]]  # newer schema
+    instanceOf: NotRequired[list[str]]  # the older schema's name for the parents; checked after
+
+
+@_record
+class KQAProKB(TypedDict):
+    concepts: dict[str, Concept]
+    entities: dict[str, Entity]
+
+
+@_record
+class Step(TypedDict):
+    function: str
+    inputs: list[str]
+    dependencies: NotRequired[list[int]]
+
+
+@_record
+class KQAProQuestion(TypedDict):
+    question: NotRequired[str | None]
+    rewrite: NotRequired[str | None]  # redistributed copies carry these instead of `question`
+    origin: NotRequired[str | None]
+    program: NotRequired[list[Step] | None]  # absent from the official test file, as is the answer
+    choices: NotRequired[list[str]]
+    answer: NotRequired[str | None]
+
+
+Name = Annotated[str, StringConstraints(min_length=1)]
+
+
+@_record
+class MetaQATriple(TypedDict):
+    # One kb.txt line, ``head|relation|tail``.
+    head: Name
+    relation: Literal[tuple(METAQA_RELATIONS)]  # type: ignore[valid-type]
+    tail: Name
+
+
+@_record
+class MetaQAQuestion(TypedDict):
+    # One question line, ``question with [topic]<TAB>ans1|ans2``.
+    question: str
+    topic: Name
+    answers: Annotated[list[Name], Field(min_length=1)]
+
+
+_KB_MAPPINGS = frozenset({"concepts", "entities", "qualifiers"})
+"""Fields whose keys are ids or names, written ``entities["Q42"]`` in messages."""
+
+
+# ------------------------------------------------------------------------ validation
+
+@cache
+def _adapter(schema: Any) -> TypeAdapter:
+    # Built once per schema: building a validator costs more than running it on a small file.
+    return TypeAdapter(schema)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    # Validation builds (and drops) a copy of the parsed file: millions of objects without cycles,
+    # which would make the collector rescan the whole heap again and again (3-4x the time on a
+    # KQA Pro-size kb.json). Not for json.loads: what it builds is kept, so pausing only defers.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _check(schema: Any, raw: Any, source: str, mappings: frozenset[str] = frozenset()) -> None:
+    """Validate ``raw`` against ``schema``; the validated copy is dropped, the caller keeps ``raw``."""
+    try:
+        with _gc_paused():
+            _adapter(schema).validate_python(raw)
+    except ValidationError as err:
+        _raise_first(source, err, raw, mappings)
+
+
+def validate_kqapro_kb(raw: Any, source: str) -> None:
+    """Check a parsed KQA Pro ``kb.json`` (either schema) before it is read.
+
+    Structure first (one pydantic pass over the whole dict, in pydantic's compiled core), then
+    what the structure cannot say: a relation names its relation (``relation`` or ``predicate``)
+    and points at an existing entity or concept; ``instanceOf`` and ``subclassOf`` name
+    existing concepts, and every concept has its parents (``subclassOf`` or ``instanceOf``).
+
+    Args:
+        raw: The parsed file.
+        source: The file, for messages.
+
+    Raises:
+        DataError: At the first problem, e.g.
+            ``kb.json: entities["Q42"].relations[0].object: unknown entity or concept 'Q9'``.
+    """
+    _check(KQAProKB, raw, source, _KB_MAPPINGS)
+    concepts, entities = raw["concepts"], raw["entities"]
+
+    def fail(item: str, what: str) -> None:
+        raise DataError(f"{source}: {item}: {what}")
+
+    for cid, con in concepts.items():
+        here = f"concepts[{json.dumps(cid, ensure_ascii=False)}]"
+        field = "subclassOf" if "subclassOf" in con else "instanceOf"
+        if field not in con:
+            fail(here, "missing key 'subclassOf' (or 'instanceOf', the older schema's name)")
+        for k, parent in enumerate(con[field]):
+            if parent not in concepts:
+                fail(f"{here}.{field}[{k}]", f"unknown concept {parent!r}")
+    for eid, ent in entities.items():
+        here = f"entities[{json.dumps(eid, ensure_ascii=False)}]"
+        for k, cid in enumerate(ent.get("instanceOf", ())):
+            if cid not in concepts:
+                fail(f"{here}.instanceOf[{k}]", f"unknown concept {cid!r}")
+        for k, rel in enumerate(ent.get("relations", ())):
+            if "relation" not in rel and "predicate" not in rel:
+                fail(f"{here}.relations[{k}]", "missing key 'relation' (or 'predicate', the older schema's name)")
+            if rel["object"] not in entities and rel["object"] not in concepts:
+                fail(f"{here}.relations[{k}].object", f"unknown entity or concept {rel['object']!r}")
+
+
+def validate_kqapro_questions(raw: Any, source: str) -> None:
+    """Check a parsed KQA Pro ``train.json`` / ``val.json`` / ``test.json``.
+
+    Beyond the structure: every question has a text (``question``, ``rewrite`` or ``origin``),
+    and a file has answers (and programs) for all of its questions or for none (the official
+    test file), so one missing answer is named rather than taken for a test split. The program
+    itself is checked when it is read (``Program.from_json``).
+
+    Args:
+        raw: The parsed file.
+        source: The file, for messages.
+
+    Raises:
+        DataError: At the first problem, e.g. ``val.json: [3]: missing key 'answer' ...``.
+    """
+    _check(list[KQAProQuestion], raw, source)
+    for i, item in enumerate(raw):
+        if not (item.get("question") or item.get("rewrite") or item.get("origin")):
+            raise DataError(f"{source}: [{i}]: no question text: missing key 'question' (or 'rewrite' / 'origin')")
+    for key in ("answer", "program"):
+        have = [item.get(key) is not None for item in raw]
+        if any(have) and not all(have):
+            i = have.index(False)
+            raise DataError(f"{source}: [{i}]: missing key {key!r} (present in {sum(have)} of the {len(raw)} "
+                            "questions; only a test file leaves it out, and then for all of them)")
+
+
+_TOPIC = re.compile(r"\[([^\[\]]+)\]")
+
+
+def _check_lines(schema: Any, rows: list[dict[str, Any]], linenos: list[int], source: str) -> None:
+    """Validate the parsed lines of a text file; errors read ``<file>: line N: <field>: <what>``."""
+    try:
+        _adapter(list[schema]).validate_python(rows)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        index, *field = first["loc"]
+        # Named by its line in the file, which blank lines make differ from the row index.
+        raise DataError(f"{source}: line {linenos[index]}: {_item(field, rows[index])}: {_what(first)}") from None
+
+
+def parse_metaqa_kb(text: str, source: str) -> list[tuple[str, str, str]]:
+    """The triples of a MetaQA ``kb.txt``, checked; blank lines are skipped.
+
+    Fields are stripped of surrounding spaces, as the official loaders do.
+
+    Raises:
+        DataError: Naming the line of one that is not ``head|relation|tail`` with a known
+            relation and non-empty names.
+    """
+    rows, linenos = [], []
+    for lineno, line in text_lines(text):
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        if len(parts) != 3:
+            raise DataError(f"{source}: line {lineno}: expected 'head|relation|tail' (two '|'), got {line!r}")
+        head, relation, tail = (p.strip() for p in parts)
+        rows.append({"head": head, "relation": relation, "tail": tail})
+        linenos.append(lineno)
+    _check_lines(MetaQATriple, rows, linenos, source)
+    if not rows:
+        raise DataError(f"{source}: no triples (the file is empty)")
+    return [(r["head"], r["relation"], r["tail"]) for r in rows]
+
+
+def parse_metaqa_question_line(line: str) -> dict[str, Any]:
+    """Split ``question with [topic]<TAB>a1|a2`` into ``{question, topic, answers}``, unchecked.
+
+    Answers are split on ``|`` only: names with commas (``Girl, Interrupted``) stay whole.
+
+    Raises:
+        ValueError: If the line has no tab or not exactly one bracketed topic.
+    """
+    text, tab, answers = line.rstrip("\r\n").partition("\t")
+    if not tab:
+        raise ValueError(f"expected 'question<TAB>answers' (no tab), got {line!r}")
+    topics = _TOPIC.findall(text)
+    if len(topics) != 1:
+        raise ValueError(f"expected one [topic entity] in the question, found {len(topics)}: {text!r}")
+    return {"question": text, "topic": topics[0], "answers": answers.split("|")}
+
+
+def parse_metaqa_questions(text: str, source: str) -> list[dict[str, Any]]:
+    """The lines of a MetaQA question file as ``{question, topic, answers}``, checked.
+
+    Raises:
+        DataError: Naming the line of one without a tab, without exactly one ``[topic]``, or
+            with an empty answer.
+    """
+    rows, linenos = [], []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        try:
+            rows.append(parse_metaqa_question_line(line))
+        except ValueError as err:
+            raise DataError(f"{source}: line {lineno}: {err}") from None
+        linenos.append(lineno)
+    _check_lines(MetaQAQuestion, rows, linenos, source)
+    return rows

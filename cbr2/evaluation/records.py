@@ -1,0 +1,127 @@
+"""JSONL record files (``predictions.jsonl``, ``retrieval.jsonl``): one writer, one reader.
+
+A record is a JSON object with a string ``id``, one per line. Files are appended record by
+record, so a killed process can leave any damage on the last line only (half a JSON text,
+half a UTF-8 character, a partly flushed block of bytes). The reader drops such a last line
+with a warning (and, when asked to repair, cuts the file back to its last good line, so
+appending continues a valid file); damage on an earlier line is never skipped: it is an
+error naming the file and the line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+log = logging.getLogger(__name__)
+
+Record = dict[str, Any]
+
+
+def record_line(record: Record) -> str:
+    """The JSONL line of ``record``, without its newline.
+
+    Non-ASCII text is written as is (readable files), except in a record that cannot be
+    encoded as UTF-8 (a lone surrogate such as ``'\\ud800'`` in generated text): that record is
+    written with ASCII escapes, which ``json.loads`` reads back to the identical string.
+    """
+    line = json.dumps(record, ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(record, ensure_ascii=True)
+    return line
+
+
+def append_record(handle: TextIO, record: Record) -> None:
+    """Append ``record`` as one line to ``handle`` (opened for text) and flush it to the file."""
+    handle.write(record_line(record) + "\n")
+    handle.flush()
+
+
+def _parse(raw: bytes) -> tuple[Record | None, str]:
+    """The record on one line, or None and what is wrong with it."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return None, f"not UTF-8 ({err.reason} at byte {err.start})"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        return None, f"not JSON ({err.msg} at column {err.colno})"
+    if not isinstance(value, dict):
+        return None, f"a JSON {type(value).__name__}, not a record (an object with an id)"
+    if not isinstance(value.get("id"), str):
+        return None, "a JSON object without a string 'id'"
+    return value, ""
+
+
+def read_records(path: str | Path, repair: bool = False) -> list[tuple[int, Record]]:
+    """The records of a JSONL file with their (1-based) line numbers; none when it does not exist.
+
+    A damaged last line (of any kind: cut JSON, cut UTF-8, garbage, a JSON value that is not a
+    record) is dropped with a warning. With ``repair`` the file itself is cut back to its last
+    good line, and a last record that lacks only its newline gets one, so that appending to it
+    continues a valid file.
+
+    Args:
+        path: The file.
+        repair: Fix the file in place (only its writer should: a reader of a file another
+            process is appending to must not cut it).
+
+    Raises:
+        ValueError: Naming the file, the line and what is wrong, for damage before the last line.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    # Split on b"\n" only: JSON text may hold U+2028 and friends, which str.splitlines() breaks on.
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # the newline that ends the last record
+    records: list[tuple[int, Record]] = []
+    offset = 0  # byte offset of the current line's start
+    for lineno, raw in enumerate(lines, 1):
+        record, problem = _parse(raw)
+        if record is None:
+            if lineno < len(lines):
+                raise ValueError(f"{path}:{lineno}: corrupt record ({problem}); remove the line or the file")
+            log.warning("%s:%d: dropping the damaged last line (%s)%s", path, lineno, problem,
+                        "; it is written again" if repair else "")
+            if repair:
+                with path.open("r+b") as handle:
+                    handle.truncate(offset)
+            return records
+        records.append((lineno, record))
+        offset += len(raw) + 1
+    if repair and data and not data.endswith(b"\n"):  # a complete record, killed before its newline
+        with path.open("ab") as handle:
+            handle.write(b"\n")
+    return records
+
+
+def records_by_id(path: str | Path, entries: Sequence[tuple[int, Record]],
+                  supersedes: Callable[[Record, Record], bool] | None = None) -> dict[str, Record]:
+    """The records of ``read_records`` by id, checking that a repeated id is legitimate.
+
+    A later record of an id replaces the earlier one when the two are identical or when
+    ``supersedes(new, old)`` says the new one is a newer version of the old (e.g. a stale
+    prediction generated again); any other repetition means two writers mixed their records.
+
+    Raises:
+        ValueError: Naming the file, the id and both line numbers of a conflicting repetition.
+    """
+    found: dict[str, tuple[int, Record]] = {}
+    for lineno, record in entries:
+        qid = record["id"]
+        if qid in found:
+            first_line, old = found[qid]
+            if record != old and not (supersedes and supersedes(record, old)):
+                raise ValueError(f"{path}: lines {first_line} and {lineno} both hold id {qid!r} with different "
+                                 "content (two runs wrote into this file?); keep one of them or remove the file")
+        found[qid] = (lineno, record)
+    return {qid: record for qid, (_, record) in found.items()}
