@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import subprocess
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,6 +154,10 @@ class EvalConfig:
     """Shuffle seed of the ``per_category`` sample."""
     timeout_s: float = 10.0
     """Per-program execution time limit in seconds."""
+    executor: str = "cbr2"
+    """``cbr2``: the project's engine (indexed, built in a fraction of the time); ``kopl``: the
+    official reference engine, for comparison (same answers; ``cbr2/kopl/engine.py`` lists where
+    the two differ and why)."""
     num_shards: int | None = None
     """Split the selected questions into this many shards (question i goes to shard i mod N);
     unset: ``$SLURM_ARRAY_TASK_COUNT`` in a job array, else 1. ``python -m cbr2.merge`` joins them."""
@@ -297,15 +303,65 @@ ABLATIONS = ("full", "chain", "w/o_reasoning_case", "w/o_semantic_case", "random
 """The paper's Table 5 settings, in its order; each is a delta file in ``configs/ablations/``."""
 
 
+def canonical_ablation(name: str | None) -> str | None:
+    """An ablation name as ``ABLATIONS`` spells it: ``wo_act`` (its file and folder name) is ``w/o_act``."""
+    if isinstance(name, str) and name.startswith("wo_"):
+        return "w/o_" + name[3:]
+    return name
+
+
+def ablation_slug(name: str) -> str:
+    """An ablation name as file and folder names spell it: ``w/o_act`` → ``wo_act``."""
+    return name.replace("w/o_", "wo_")
+
+
 def ablation_file(name: str) -> Path:
-    """The delta file of an ablation (``w/o_act`` → ``configs/ablations/wo_act.yaml``).
+    """The delta file of an ablation (``w/o_act`` or ``wo_act`` → ``configs/ablations/wo_act.yaml``).
 
     Raises:
-        ConfigError: For an unknown name, listing the valid ones.
+        ConfigError: For an unknown name, with the closest valid one.
     """
-    if name not in ABLATIONS:
-        raise ConfigError(f"unknown ablation {name!r}; valid: {', '.join(ABLATIONS)}")
-    return CONFIG_DIR / "ablations" / f"{name.replace('w/o_', 'wo_')}.yaml"
+    canonical = canonical_ablation(name)
+    if canonical not in ABLATIONS:
+        close = difflib.get_close_matches(str(canonical), ABLATIONS, n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"unknown ablation {name!r}{hint}; valid: {', '.join(ABLATIONS)}")
+    return CONFIG_DIR / "ablations" / f"{ablation_slug(canonical)}.yaml"
+
+
+def setting_of(cfg: DictConfig) -> str | None:
+    """The Table 5 setting a configuration is in, from its values, or None for none of them.
+
+    The keys the ablation files set (``prompt.format``, ``retrieval.cases``, ``retrieval.k_facts``,
+    ``retrieval.k_ontology``) decide: a setting is its file's values on those keys, with the
+    full method's everywhere else (the default of a choice, any number above 0 for a ``k``). So
+    a run without ``--ablation`` on the defaults is ``full``, and ``retrieval.k_facts=0`` given
+    as an override is ``w/o_act``, as ``--ablation w/o_act`` is.
+    """
+    deltas = {name: _leaves(OmegaConf.to_container(_read_yaml(ablation_file(name)))) for name in ABLATIONS}
+    keys = sorted(set().union(*deltas.values()))
+    defaults = OmegaConf.structured(Config)
+
+    def full_like(key: str, value: Any) -> bool:
+        default = OmegaConf.select(defaults, key)
+        if isinstance(default, int) and not isinstance(default, bool):
+            return isinstance(value, int) and value > 0
+        return value == default
+
+    values = {k: OmegaConf.select(cfg, k) for k in keys}
+    for name, delta in deltas.items():
+        if all(values[k] == delta[k] if k in delta else full_like(k, values[k]) for k in keys):
+            return name
+    return None
+
+
+def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(_leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
 
 
 def _valid_keys(node: Any, prefix: str = "") -> list[str]:
@@ -381,6 +437,7 @@ def _choices() -> dict[str, Any]:
     """Keys whose value is one of a fixed set, with the set, taken from the code that reads them
     (imported here, not at the top: those modules import this one's neighbours)."""
     from cbr2.data.benchmarks import BENCHMARKS
+    from cbr2.kopl.executor import ENGINES
     from cbr2.kopl.text import FORMATS
     from cbr2.llm import BACKENDS
     from cbr2.retrieval.index import INDEX_KINDS
@@ -389,6 +446,7 @@ def _choices() -> dict[str, Any]:
     from cbr2.tracking import WANDB_MODES
 
     return {"data.name": BENCHMARKS, "llm.backend": BACKENDS, "llm.dtype": DTYPES, "prompt.format": FORMATS,
+            "eval.executor": ENGINES,
             "retrieval.index": INDEX_KINDS, "retrieval.cases": CASE_MODES, "structural.label": LABELS,
             "wandb.mode": WANDB_MODES}
 
@@ -519,9 +577,46 @@ def config_from_args(args: argparse.Namespace, defaults: str, schema: type) -> D
 
 
 def _describe(err: OmegaConfBaseException, cfg: DictConfig) -> str:
+    """OmegaConf's error in the project's words: the key, a close valid key, the expected type."""
+    key = getattr(err, "full_key", None) or ""
     if isinstance(err, ConfigKeyError):
-        return f"unknown key {err.full_key!r}; valid keys: {', '.join(_valid_keys(cfg))}"
-    return f"{getattr(err, 'full_key', '') or ''}: {err.msg if hasattr(err, 'msg') else err}".strip(": ")
+        valid = _valid_keys(cfg)
+        close = difflib.get_close_matches(key, valid, n=2, cutoff=0.7)
+        if close:
+            return f"unknown key {key!r} (did you mean {' or '.join(close)}?)"
+        section = key.rpartition(".")[0]
+        same = [k for k in valid if section and k.startswith(section + ".")]
+        if same:
+            return f"unknown key {key!r}; the keys of {section} are {', '.join(same)}"
+        sections = sorted({k.split(".")[0] for k in valid})
+        return f"unknown key {key!r}; keys start with one of {', '.join(sections)} (e.g. eval.limit)"
+    message = str(getattr(err, "msg", None) or err).splitlines()[0]
+    hint = getattr(err, "object_type", None)
+    field_name = getattr(err, "key", None)
+    expected = _expected_type(hint, field_name) if hint is not None and field_name is not None else None
+    if expected:
+        shown = re.search(r"Value '(.*?)'", message)
+        return f"{key} takes {expected}" + (f", not {shown.group(1)!r}" if shown else "")
+    if "is not a subclass of" in message:  # a section given a plain value (eval=3)
+        return "that is a group of keys, not a value: set one of its keys (e.g. eval.limit=10)"
+    return f"{key}: {message}".strip(": ")
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _expected_type(schema: type, name: str) -> str | None:
+    """``an integer``, ``null or a number`` ...: what a schema field takes, in words."""
+    try:
+        hint = typing.get_type_hints(schema).get(name)
+    except (NameError, TypeError):
+        return None
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if hint in _TYPE_WORDS:
+        return _TYPE_WORDS[hint]
+    if len(args) == 1 and args[0] in _TYPE_WORDS and type(None) in typing.get_args(hint):
+        return f"null or {_TYPE_WORDS[args[0]]}"
+    return None
 
 
 def git_hash() -> str | None:

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES
+from cbr2.evaluation.browser import write_browser
 from cbr2.evaluation.records import read_records, record_line, records_by_id
 from cbr2.evaluation.report import write_report
 from cbr2.evaluation.runner import (
@@ -222,6 +223,7 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
     _write(out / "config.yaml", OmegaConf.to_yaml(cfg))
     _write(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     write_report(out / "report.md", metrics, title=run_title(bench.name, cfg, first.retrieval_only, ablation))
+    write_browser(out, bench)
     if not first.retrieval_only:
         log_evaluation(cfg.wandb, metrics, records, out, name=wandb_name(cfg, bench.name, ablation))
     log.info("merged %d shards (%d questions) into %s", len(shards), len(selection), out)

@@ -5,7 +5,9 @@ Usage::
     python -m cbr2.report RUN_DIR... [--out DIR] [--title T]
 
 Each ``RUN_DIR`` is an evaluation output folder holding ``metrics.json``. Writes
-``DIR/ablation.md`` (also printed), ``DIR/ablation.json`` and ``DIR/per_category.png``.
+``DIR/ablation.md`` (also printed), ``DIR/ablation.json``, ``DIR/per_category.png`` and, for two
+or more runs, ``DIR/compare.html`` (the questions that flipped between the table's first run and
+each other one, side by side; ``cbr2.evaluation.browser``).
 
 Honesty rules that live here:
 * runs of different benchmarks or splits are refused: one table would mix incomparable numbers;
@@ -25,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cbr2.config import canonical_ablation
 from cbr2.data.questions import KQAPRO_ABBREVIATIONS, KQAPRO_CATEGORIES, METAQA_CATEGORIES
 from cbr2.evaluation.report import pct
 
@@ -59,13 +62,6 @@ DISTINGUISHING = (
     ("prompt", ("prompt_version",)),
     ("git", ("git",)),
 )
-
-
-def canonical_ablation(name: str | None) -> str | None:
-    """An ablation name as ``SETTINGS`` spells it: ``wo_act`` (a config file's name) is ``w/o_act``."""
-    if isinstance(name, str) and name.startswith("wo_"):
-        return "w/o_" + name[3:]
-    return name
 
 
 class ReportError(ValueError):
@@ -112,7 +108,8 @@ def load_run(path: str | Path) -> dict[str, Any]:
     return {
         "dir": run_dir,
         "metrics": metrics,
-        "ablation": canonical_ablation(prov.get("ablation")),
+        # The setting read off the run's configuration; runs older than that field: the --ablation name.
+        "ablation": prov["setting"] if "setting" in prov else canonical_ablation(prov.get("ablation")),
         "benchmark": data.get("name"),
         "split": prov.get("split") or data.get("split"),
         "llm": {"backend": llm.get("backend"), "model": llm.get("model")},
@@ -496,8 +493,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out / "ablation.json").write_text(json.dumps({"title": args.title, **data}, indent=2, ensure_ascii=False) + "\n",
                                        encoding="utf-8")
     plot_per_category(runs, out / "per_category.png", title=args.title)
+    wrote = [out / "ablation.md", out / "ablation.json", out / "per_category.png"]
+    if len(runs) > 1:  # the first row of the table (the full run when there is one) against each other run
+        from cbr2.evaluation.browser import write_compare
+
+        ordered = labelled(runs)
+        wrote.append(write_compare([r["dir"] for r in ordered], out, [r["label"] for r in ordered], title=args.title))
     print(markdown, end="")
-    print(f"wrote {out / 'ablation.md'}, {out / 'ablation.json'}, {out / 'per_category.png'}", file=sys.stderr)
+    print("wrote " + ", ".join(str(p) for p in wrote), file=sys.stderr)
     return 0
 
 

@@ -39,7 +39,17 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from cbr2.config import ABLATIONS, CONFIG_DIR, REPO_ROOT, Config, ConfigError, ablation_file, git_hash, load_config
+from cbr2.config import (
+    ABLATIONS,
+    CONFIG_DIR,
+    REPO_ROOT,
+    Config,
+    ConfigError,
+    ablation_file,
+    ablation_slug,
+    git_hash,
+    load_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +178,7 @@ def expand_grid(ablations: list[str | None], grid: list[str]) -> list[Run]:
     runs, seen = [], set()
     for ablation in ablations:
         for combo in itertools.product(*[[(k, v) for v in values] for k, values in axes]):
-            parts = [ablation.replace("w/o_", "wo_") if ablation else "run"] + [_slug(f"{k}={v}") for k, v in combo]
+            parts = [ablation_slug(ablation) if ablation else "run"] + [_slug(f"{k}={v}") for k, v in combo]
             name = "__".join(parts)
             if name in seen:
                 raise ConfigError(f"two runs of the grid would share the folder {name}; make the values distinct")
@@ -204,7 +214,7 @@ def expand_vary(ablations: list[str | None], vary: list[str], base: Any) -> list
         axes.append((names, split_values(values)))
     runs, seen = [], set()
     for ablation in ablations:
-        prefix = ablation.replace("w/o_", "wo_") if ablation else "run"
+        prefix = ablation_slug(ablation) if ablation else "run"
         runs.append(Run(name=prefix, ablation=ablation))
         for keys, values in axes:
             for value in values:

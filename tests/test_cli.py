@@ -83,6 +83,13 @@ def test_show_prompt_prints_the_prompt_and_nothing_else(tmp_path):
     assert out.startswith("You translate questions") and out.endswith("Program:\n")
     assert "\nOntology:" not in out and "\nFacts:" not in out and "\nr1: " in out  # cases, no knowledge
     assert "INFO" not in out and "INFO" in proc.stderr  # logs go to stderr
+    # The printed question is named, so it can be matched to predictions.jsonl.
+    from cbr2.config import load_config
+    from cbr2.data.benchmarks import Benchmark
+    from cbr2.evaluation.runner import select_questions
+
+    third = select_questions(Benchmark("mini-kqapro"), load_config(["eval.per_category=null"]))[2]
+    assert f"--show-prompt 2: question id {third.qid} ({third.category})" in proc.stderr
     full = _run("--show-prompt", "2", BACKBONE, "llm.model=smollm2-135m", cwd=tmp_path).stdout
     assert "\nOntology:" in full and full.split("\n\nQuestion:")[-1] != out.split("\n\nQuestion:")[-1]
     assert not list(tmp_path.iterdir())  # nothing written
@@ -105,5 +112,7 @@ def test_show_prompt_of_the_default_model_is_its_chat_template(tmp_path):
 def test_unknown_ablation_lists_the_valid_ones(tmp_path):
     proc = _run("--ablation", "w/o_case", cwd=tmp_path)
     assert proc.returncode == 2 and "unknown ablation 'w/o_case'; valid: full, chain, w/o_reasoning_case" in proc.stderr
+    proc = _run("--ablation", "w/o_knowlege", cwd=tmp_path)
+    assert proc.returncode == 2 and "unknown ablation 'w/o_knowlege' (did you mean w/o_knowledge?)" in proc.stderr
     proc = _run("--show-prompt", "999", BACKBONE, "eval.per_category=3", cwd=tmp_path)
     assert proc.returncode == 2 and "the selection has 27 questions" in proc.stderr

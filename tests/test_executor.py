@@ -12,7 +12,7 @@ def run(executor, text):
     return executor.run(result.program)
 
 
-@pytest.mark.parametrize("text, expected", [
+ANSWERS = [
     ("r1: Find[Marie Curie] → QueryAttr[height]", ["155 centimetre"]),
     ("r1: Find[Marie Curie] → QueryAttr[date of birth]", ["1867-11-07"]),
     ("r1: FindAll[] → FilterConcept[city] → Count[]", ["2"]),
@@ -28,12 +28,9 @@ def run(executor, text):
     ("r1: Find[Warsaw] → QueryAttrUnderCondition[population | point in time | 2021] → VerifyNum[1000000 | >]", ["yes"]),
     ("r1: Find[Poland] → QueryAttr[inception] → VerifyYear[1000 | >]", ["no"]),
     ("r1: Find[Warsaw] → QueryAttr[elevation above sea level]", ["-2.5 metre"]),  # the engine would print -2
-])
-def test_answers(tiny_executor, text, expected):
-    assert run(tiny_executor, text) == expected
+]
 
-
-@pytest.mark.parametrize("text, code", [
+FAILURES = [
     ("r1: Find[Maria Curie] → QueryAttr[height] → VerifyNum[150 centimetre | >]", "unknown_entity"),
     ("r1: FindAll[] → FilterConcept[town] → Count[]", "unknown_concept"),
     ("r1: Find[Marie Curie] → QueryAttr[altitude]", "unknown_key"),
@@ -41,19 +38,56 @@ def test_answers(tiny_executor, text, expected):
     ("r1: Find[Marie Curie] → Relate[award received | forward] → QFilterYear[year | 1903 | =] → Count[]",
      "unknown_qualifier"),
     ("r1: FindAll[] → FilterConcept[human] → SelectAmong[sex or gender | largest]", "IndexError"),
-])
+]
+
+
+@pytest.fixture(scope="module")
+def kopl_executor(tiny_kb):
+    from cbr2.kopl.executor import Executor
+
+    return Executor(tiny_kb, engine="kopl")
+
+
+@pytest.mark.parametrize("text, expected", ANSWERS)
+def test_answers(tiny_executor, text, expected):
+    assert run(tiny_executor, text) == expected
+
+
+@pytest.mark.parametrize("text, expected", ANSWERS)
+def test_answers_of_the_official_engine(kopl_executor, text, expected):
+    assert run(kopl_executor, text) == expected
+
+
+@pytest.mark.parametrize("text, code", FAILURES)
 def test_failures_are_execution_errors_not_answers(tiny_executor, text, code):
     with pytest.raises(ExecutionError) as info:
         run(tiny_executor, text)
     assert info.value.code == code
 
 
-def test_timeout(tiny_kb, monkeypatch):
+@pytest.mark.parametrize("text, code", FAILURES)
+def test_failures_of_the_official_engine(kopl_executor, text, code):
+    with pytest.raises(ExecutionError) as info:
+        run(kopl_executor, text)
+    assert info.value.code == code
+
+
+def test_the_default_engine_is_cbr2(tiny_executor, kopl_executor):
+    from kopl.kopl import KoPLEngine
+
+    from cbr2.kopl.engine import Engine
+
+    assert (tiny_executor.engine_name, type(tiny_executor.engine)) == ("cbr2", Engine)
+    assert (kopl_executor.engine_name, type(kopl_executor.engine)) == ("kopl", KoPLEngine)
+
+
+@pytest.mark.parametrize("engine", ["cbr2", "kopl"])
+def test_timeout(tiny_kb, monkeypatch, engine):
     import time
 
     from cbr2.kopl.executor import Executor
 
-    executor = Executor(tiny_kb, timeout_s=0.2)
+    executor = Executor(tiny_kb, timeout_s=0.2, engine=engine)
     monkeypatch.setattr(executor.engine, "Count", lambda entities: time.sleep(5))
     with pytest.raises(ExecutionError) as info:
         run(executor, "r1: FindAll[] → Count[]")
@@ -63,6 +97,7 @@ def test_timeout(tiny_kb, monkeypatch):
 def test_the_engine_kb_is_a_copy(tiny_kb):
     from cbr2.kopl.executor import Executor
 
+    Executor(tiny_kb, engine="kopl")
+    Executor(tiny_kb, engine="kopl")  # the engine mutates what it gets; a second engine from the same KB must work
     Executor(tiny_kb)
-    Executor(tiny_kb)  # the engine mutates what it gets; a second engine from the same KB must work
     assert "subclassOf" in tiny_kb.concepts["C3"]

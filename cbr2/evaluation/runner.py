@@ -25,9 +25,10 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from cbr2.config import git_hash
+from cbr2.config import ablation_slug, canonical_ablation, git_hash, setting_of
 from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES, Question
+from cbr2.evaluation.browser import write_browser
 from cbr2.evaluation.metrics import compute_metrics, retrieval_metrics
 from cbr2.evaluation.records import append_record, read_records, records_by_id
 from cbr2.evaluation.report import write_report
@@ -71,7 +72,7 @@ def output_dir(cfg: DictConfig, bench: Benchmark, retrieval_only: bool = False, 
     else:
         leaf = "retrieval" if retrieval_only else cfg.llm.backend
         if ablation and not retrieval_only:
-            leaf += "-" + ablation.replace("w/o_", "wo_")
+            leaf += "-" + ablation_slug(ablation)
         base = Path("outputs") / cfg.data.name / (cfg.data.split or bench.family.eval_split) / leaf
     # Shards of one run sit side by side in its folder; `python -m cbr2.merge` fills the folder itself.
     count = cfg.eval.num_shards or 1
@@ -193,6 +194,9 @@ def show_prompt(cfg: DictConfig, index: int) -> str:
         raise ValueError(f"--show-prompt {index}: the selection has {len(questions)} questions (0..{len(questions) - 1})")
     _prepare(cfg, bench, retrieval_only=False)
     question = questions[index]
+    # On stderr (stdout is the prompt alone), so the prompt can be matched to predictions.jsonl.
+    log.info("--show-prompt %d: question id %s (%s), number %d of the %d selected: %s", index, question.qid,
+             question.category, index + 1, len(questions), question.question)
     retrieved = {}
     if _retrieves(cfg.retrieval):
         retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
@@ -208,10 +212,14 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
         cfg: The resolved configuration (``cbr2.config.Config``).
         retrieval_only: Retrieve and score retrieval only (every view), no generation.
         ablation: The ``--ablation`` name the configuration came from (recorded; names the folder).
+            The Table 5 setting the run is labelled with is read off the configuration itself
+            (``config.setting_of``), so a run of the defaults is Full CBR² with or without
+            ``--ablation full``.
 
     Returns:
         The metrics (also written to ``metrics.json``).
     """
+    ablation = canonical_ablation(ablation)
     bench = Benchmark(cfg.data.name, cfg.data.root)
     resolve_shard(cfg)
     selection = select_questions(bench, cfg)
@@ -224,7 +232,7 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
     title = run_title(bench.name, cfg, retrieval_only, ablation)
     categories = KQAPRO_CATEGORIES if bench.family is KQAPRO else METAQA_CATEGORIES
-    prov = {**provenance(cfg, bench), "ablation": ablation, "output_dir": str(out),
+    prov = {**provenance(cfg, bench), "ablation": ablation, "setting": setting_of(cfg), "output_dir": str(out),
             "question_ids_sha256": selection_sha256(questions)}
     sharded = cfg.eval.num_shards > 1
     if sharded:
@@ -236,6 +244,7 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
         metrics = {"n": len(questions), "retrieval": retrieval, "provenance": prov}
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
         write_report(out / "report.md", metrics, title=title)
+        write_browser(out, bench)
         return metrics
 
     records = generate_and_score(cfg, bench, questions, build_prompts(cfg, questions, retrieved), out)
@@ -245,6 +254,7 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
     metrics["provenance"] = prov
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     write_report(out / "report.md", metrics, title=title)
+    write_browser(out, bench)
     if sharded:  # one W&B run per evaluation, not per shard: the merge logs it
         log.info("shard %d of %d done; `python -m cbr2.merge` joins the shards and logs the run to W&B",
                  cfg.eval.shard, cfg.eval.num_shards)
@@ -307,7 +317,7 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
     if not todo and not pending:
         return [done[q.qid] for q in questions]
 
-    executor = Executor(bench.kb, cfg.eval.timeout_s)
+    executor = Executor(bench.kb, cfg.eval.timeout_s, engine=cfg.eval.executor)
     canonicalize = None
     if gen.canonicalize:
         from cbr2.generation.canonicalize import build_canonicalizer

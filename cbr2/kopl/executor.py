@@ -1,10 +1,13 @@
-"""Execution of checked programs on a KB with the official KoPL engine.
+"""Execution of checked programs on a KB.
 
-The engine (PyPI ``kopl``) runs each function; this module drives it step by step along the
-program's recorded dependencies (the engine's own ``forward`` rebuilds them from post-order,
-which a generated DAG need not follow), bounds the run time, and refuses programs that name
-schema items the KB lacks: the engine answers those with an empty set, and a ``Verify`` step
-after an empty set says "no", which would score as right on every "no" question.
+Two engines run the functions: the project's own (``cbr2.kopl.engine``, the default: indexes
+built once, no copy of the KB, the reference answers except where its docstring lists a
+difference) and the official one (PyPI ``kopl``, ``engine="kopl"``, the reference). This
+module drives either step by step along the program's recorded dependencies (the official
+engine's own ``forward`` rebuilds them from post-order, which a generated DAG need not
+follow), bounds the run time, and refuses programs that name schema items the KB lacks: the
+engines answer those with an empty set, and a ``Verify`` step after an empty set says "no",
+which would score as right on every "no" question.
 
 Every failure is an ``ExecutionError``; nothing is ever turned into an answer.
 """
@@ -89,21 +92,38 @@ _GROUNDING = {
 }
 
 
+ENGINES = ("cbr2", "kopl")
+"""``Executor(engine=...)`` choices: the project's engine, or the official reference engine."""
+
+
 class Executor:
     """Runs programs on one KB; the engine is built once and reused.
 
     Args:
-        kb: The KB; the engine gets a deep copy because it mutates its input.
+        kb: The KB.
         timeout_s: Per-program wall-clock limit in seconds (None or 0: no limit).
+        engine: ``cbr2`` (``cbr2.kopl.engine.Engine``, reads the KB without copying it) or
+            ``kopl`` (the official engine; it gets a deep copy because it mutates its input).
+
+    Raises:
+        ValueError: On another engine name.
     """
 
-    def __init__(self, kb: KB, timeout_s: float | None = 10.0):
-        from kopl.kopl import KoPLEngine  # the reference engine; imported here to keep imports light
-
+    def __init__(self, kb: KB, timeout_s: float | None = 10.0, engine: str = "cbr2"):
+        if engine not in ENGINES:
+            raise ValueError(f"unknown executor engine {engine!r}; expected one of {', '.join(ENGINES)}")
         self.kb = kb
         self.timeout_s = timeout_s
-        with quiet():
-            self.engine = KoPLEngine(kb.to_kopl_dict())
+        self.engine_name = engine
+        if engine == "kopl":
+            from kopl.kopl import KoPLEngine  # the reference engine; imported here to keep imports light
+
+            with quiet():
+                self.engine = KoPLEngine(kb.to_kopl_dict())
+        else:
+            from cbr2.kopl.engine import Engine  # imports this module's ExecutionError
+
+            self.engine = Engine(kb)
 
     def ground(self, program: Program) -> None:
         """Reject names of entities, concepts, keys, qualifiers or relations the KB lacks.
@@ -135,8 +155,10 @@ class Executor:
         """
         self.ground(program)
         memory: list[Any] = []
+        kopl = self.engine_name == "kopl"
         try:
-            with time_limit(self.timeout_s), quiet():
+            # Only the official engine prints; redirecting costs more than the cbr2 engine's steps.
+            with time_limit(self.timeout_s), (quiet() if kopl else contextlib.nullcontext()):
                 for step in program.steps:
                     func = getattr(self.engine, canonical_name(step.function))
                     memory.append(func(*(memory[d] for d in step.dependencies), *step.inputs))
@@ -145,6 +167,8 @@ class Executor:
         except Exception as err:  # any engine failure (KeyError, IndexError, ...) is an execution error
             raise ExecutionError(type(err).__name__, f"{type(err).__name__}: {err}") from err
         result = memory[-1]
+        if not kopl:
+            return self.engine.answer(result)
         if isinstance(result, tuple):  # an entity set: the program did not end with a query
             raise ExecutionError("no_answer", "the program ends with an entity set, not a query")
         if isinstance(result, list):

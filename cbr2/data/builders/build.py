@@ -45,7 +45,8 @@ def build_mini_kqapro(out_dir: Path, seed: int = SEED) -> dict[str, Any]:
     from cbr2.data.builders.mini_kqapro_questions import generate
 
     kb_dict = build_kb(SOURCES / "mini_kqapro_kb.yaml")
-    executor = Executor(kqapro_kb_from_dict(kb_dict, "mini_kqapro_kb.yaml"), timeout_s=None)
+    executor = Executor(kqapro_kb_from_dict(kb_dict, "mini_kqapro_kb.yaml"), timeout_s=None,
+                        engine="kopl")  # gold answers of the embedded data come from the reference engine
     splits, stats = generate(kb_dict, lambda program: executor.run(Program.from_json(program)), seed=seed)
     _dump(out_dir / "kb.json", kb_dict)
     for split, items in splits.items():
