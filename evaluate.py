@@ -12,10 +12,10 @@ ablation's delta file in ``configs/ablations/``); see README.
 """
 
 import argparse
-import logging
 import sys
 
 from cbr2.config import ABLATIONS, Config, ConfigError, add_config_arguments, config_from_args
+from cbr2.console import setup_logging
 from cbr2.evaluation.runner import run_evaluation, show_prompt
 
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="print the exact prompt of question N (0-based) of the selection to stdout; no LLM")
     args = parser.parse_intermixed_args(argv)  # options may come between overrides
     # Logs go to stderr, so --show-prompt's stdout is the prompt and nothing else.
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    setup_logging()
     try:
         cfg = config_from_args(args, "evaluate.yaml", Config)
         if args.show_prompt is not None:

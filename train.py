@@ -9,10 +9,10 @@ a YAML file on top of it first. Rerunning the same command resumes the same run.
 """
 
 import argparse
-import logging
 import sys
 
 from cbr2.config import ConfigError, TrainConfig, add_config_arguments, config_from_args
+from cbr2.console import setup_logging
 from cbr2.structural.train import MONITOR, train
 
 
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_arguments(parser)
     args = parser.parse_intermixed_args(argv)  # options may come between overrides
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    setup_logging()
     try:
         cfg = config_from_args(args, "train.yaml", TrainConfig)
         result = train(cfg)

@@ -25,6 +25,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from cbr2.console import setup_logging
 from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES
 from cbr2.evaluation.browser import write_browser
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", metavar="DIR",
                         help="the run folder to write; default: the shards' common parent folder")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    setup_logging()
     out = args.out
     if out is None:
         parents = {Path(d).resolve().parent for d in args.shards}

@@ -50,6 +50,7 @@ from cbr2.config import (
     git_hash,
     load_config,
 )
+from cbr2.console import setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -462,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         args.command = "submit"
     else:
         args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    setup_logging()
     try:
         if args.command == "submit":
             sweep = _new_sweep(args)

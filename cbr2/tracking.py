@@ -84,6 +84,17 @@ def log_evaluation(cfg: Any, metrics: dict[str, Any], records: list[dict[str, An
         run.log({"per_category": per_cat, "predictions": preds})
     finally:
         run.finish()
+        announce(run)
+
+
+def announce(run: Any) -> None:
+    """One line on where a finished W&B run is (W&B's own console lines are off: ``WANDB_SILENT``)."""
+    if getattr(run, "url", None):
+        log.info("W&B run: %s", run.url)
+        return
+    sync_dir = getattr(getattr(run, "settings", None), "sync_dir", None)
+    if sync_dir:
+        log.info("W&B offline run in %s (upload it with `wandb sync %s`)", sync_dir, sync_dir)
 
 
 def _cell(value: Any) -> Any:

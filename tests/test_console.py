@@ -61,3 +61,91 @@ def test_report_labels_a_default_run_full(tmp_path):
                "provenance": {"ablation": None, "setting": "full", "config": {"data": {"name": "mini-kqapro"}}}}
     (run / "metrics.json").write_text(json.dumps(metrics))
     assert [r["setting"] for r in table_data([load_run(run)])["rows"]] == ["Full CBR²"]
+
+
+def test_progress_off_a_terminal_is_a_line_with_the_time_left(caplog):
+    import logging
+
+    from cbr2.console import Progress
+
+    with caplog.at_level(logging.INFO, logger="cbr2.progress"), \
+            Progress(total=4, desc="generate", unit="q", every_s=0) as bar:  # pytest's stderr is no terminal
+        bar.update()
+        bar.update()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("generate 1/4 (25%) · ") and "left" in lines[0]
+    assert lines[-1].startswith("generate 2/4 (50%)")  # closing says where it ended
+
+
+def test_training_progress_numbers_epochs_from_one(caplog):
+    import logging
+    from types import SimpleNamespace
+
+    from cbr2.structural.train import LineProgress
+
+    class Module:
+        def parameters(self):
+            import torch
+            return [torch.nn.Parameter(torch.zeros(10))]
+
+    trainer = SimpleNamespace(is_global_zero=True, estimated_stepping_batches=8, global_step=0, max_epochs=2,
+                              current_epoch=0, callback_metrics={}, sanity_checking=False)
+    callback = LineProgress()
+    with caplog.at_level(logging.INFO, logger="cbr2.structural.train"):
+        callback.on_train_start(trainer, Module())
+        callback.bar.every_s = 0
+        trainer.global_step, trainer.current_epoch, trainer.callback_metrics = 5, 1, {"train/loss": 0.25}
+        callback.on_train_batch_end(trainer, Module(), None, None, 0)
+    line = caplog.records[-1].getMessage()
+    assert line.startswith("train 5/8 (62%)") and "epoch 2/2" in line and "loss 0.2500" in line and "left" in line
+
+
+def test_one_logging_setup_prints_lightning_once_and_drops_its_noise():
+    import subprocess
+    import sys
+
+    code = (
+        "import logging, lightning\n"  # Lightning imported first, as train.py does
+        "from cbr2.console import setup_logging\n"
+        "setup_logging()\n"
+        "rz = logging.getLogger('lightning.pytorch.utilities.rank_zero')\n"
+        "rz.info('hello once'); rz.info('GPU available: False, used: False'); rz.info('GPU available: True')\n"
+        "rz.info('💡 Tip: try installing litlogger')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert proc.stderr.count("hello once") == 1
+    assert "GPU available: True" in proc.stderr
+    assert "GPU available: False" not in proc.stderr and "Tip" not in proc.stderr
+
+
+def test_makefile_recipes_print_no_comment_lines():
+    from pathlib import Path
+
+    makefile = (Path(__file__).parents[1] / "Makefile").read_text(encoding="utf-8")
+    assert not [ln for ln in makefile.splitlines() if ln.startswith("\t#")]
+
+
+def test_the_readme_states_the_default_run_as_the_config_has_it():
+    """The quick start says once what `make evaluate` runs; this keeps it true to the config."""
+    import re
+    from pathlib import Path
+
+    from cbr2.data.benchmarks import Benchmark
+    from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    quick = readme[readme.index("`make evaluate` runs the full method"):readme.index("## Status")]
+    cfg = load_config([], DEFAULTS)
+    bench = Benchmark(cfg.data.name)
+    split = cfg.data.split or bench.family.eval_split
+    n_categories = len({q.category for q in bench.questions(split)})
+    stated = re.search(r"sample of `([\w-]+)` (\w+) \((\d+) questions per category, (\d+) questions\)", quick)
+    assert stated, "the quick start no longer states the default sample"
+    assert stated.groups() == (cfg.data.name, split, str(cfg.eval.per_category),
+                               str(cfg.eval.per_category * n_categories))
+    assert f"(`llm.backend={cfg.llm.backend}`)" in quick
+    assert PACKAGED[cfg.llm.model or DEFAULT_MODEL].title.split(" (")[0] in quick  # the model as the README names it
+    assert f"results go to `outputs/{cfg.data.name}/{split}/{cfg.llm.backend}/`" in quick
+    # Nowhere else does the README give the default sample another size.
+    n = cfg.eval.per_category
+    assert not re.search(rf"default[^.]*\b(?!{n}\b)\d+ (questions )?per category", readme)

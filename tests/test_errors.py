@@ -194,7 +194,7 @@ def test_analyze_counts_categories_and_caps_examples():
     first = out["examples"]["grounding"][0]
     assert first == {"id": "b", "question": "question b?", "category": "QueryAttr", "reason": "schema_item",
                      "detail": "step 2 (QueryAttr) key: 'altitude above sea level' vs gold 'elevation above sea level'",
-                     "gold_program": EVEREST, "program": pred_key}
+                     "gold_program": EVEREST, "program": pred_key, "error_kind": "wrong"}
     syntax = out["examples"]["other"][0]
     assert syntax["generated"] == "no idea" and "program" not in syntax
     assert analyze(records, examples=0)["examples"] == {"grounding": [], "logical": [], "other": []}
@@ -229,17 +229,19 @@ def test_report_has_the_error_analysis_section(tmp_path):
         record(EVEREST.replace("elevation", "altitude"), EVEREST, qid="val-2"),
         record(CAPITAL.replace("forward", "backward"), CAPITAL, qid="val-3", category="QueryName"),
         record(None, EVEREST, qid="val-4", error_kind="syntax", generated=fenced, error={"message": "bad"}),
+        record(None, EVEREST, qid="val-5", error_kind="type", generated="r1: Find[X] → Count[] → Count[]",
+               error={"message": "step 3 (Count) needs entities, but its input is number"}),
     ]
     path = tmp_path / "report.md"
     write_report(path, compute_metrics(records, ("QueryAttr", "QueryName")), "mini-kqapro · test")
     md = path.read_text(encoding="utf-8")
     assert md.index("## Errors") < md.index("## Error analysis")
     section = md[md.index("## Error analysis"):]
-    assert ("3 wrong predictions of 4: **grounding** 1 (33.33%) · **logical** 1 (33.33%) · **other** 1 (33.33%) "
+    assert ("4 wrong predictions of 5: **grounding** 1 (25.00%) · **logical** 1 (25.00%) · **other** 2 (50.00%) "
             "of the wrong ones.") in section
     assert "| category | grounding | logical | other | wrong |" in section
-    assert "| QueryAttr | 1 | 0 | 1 | 2 |" in section and "| QueryName | 0 | 1 | 0 | 1 |" in section
-    assert "Reasons: `schema_item` 1 · `direction_flipped` 1 · `syntax` 1." in section
+    assert "| QueryAttr | 1 | 0 | 2 | 3 |" in section and "| QueryName | 0 | 1 | 0 | 1 |" in section
+    assert "Reasons: `schema_item` 1 · `direction_flipped` 1 · `syntax` 1 · `type` 1." in section
     assert [h for h in section.splitlines() if h.startswith("### ")] == [
         "### Examples: grounding", "### Examples: logical", "### Examples: other"]
     assert ("**val-2** (QueryAttr) · `schema_item`: step 2 (QueryAttr) key: 'altitude above sea level' vs gold "
@@ -247,7 +249,10 @@ def test_report_has_the_error_analysis_section(tmp_path):
     assert f"Gold program:\n\n```\n{CAPITAL}\n```" in section
     assert f"Predicted program:\n\n```\n{CAPITAL.replace('forward', 'backward')}\n```" in section
     # A generation with its own fences gets a longer fence, so the section's blocks stay closed.
-    assert f"Generated text (no program parsed):\n\n````\n{fenced}\n````" in section
+    assert f"Generated text (it does not parse, even after repair):\n\n````\n{fenced}\n````" in section
+    # A type error parsed: the heading says what failed (it said "no program parsed").
+    assert "Generated text (it parses, but breaks KoPL's typing rules):\n\n```\nr1: Find[X]" in section
+    assert "or the gold program itself" not in md
 
 
 def test_report_without_wrong_predictions_says_so():

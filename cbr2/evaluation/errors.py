@@ -161,8 +161,8 @@ def analyze(records: Iterable[dict[str, Any]], categories: Sequence[str] = (), e
         ``{"n_wrong", "classes": {class: count}, "reasons": {reason: count},
         "per_category": {category: {class: count}}, "examples": {class: [example, ...]}}``.
         Every category of ``records`` has a row, zeros included. An example is ``{"id",
-        "question", "category", "reason", "detail", "gold_program"}`` plus ``program`` (the
-        parsed prediction) or, when nothing parsed, ``generated`` (the raw text).
+        "question", "category", "reason", "detail", "gold_program", "error_kind"}`` plus ``program``
+        (the checked prediction) or, when none passed the checks, ``generated`` (the raw text).
     """
     records = list(records)
     seen = {r.get("category") or "unknown" for r in records}
@@ -218,7 +218,8 @@ def _of_kinds(diffs: list[dict[str, Any]], kinds: Sequence[str]) -> list[dict[st
 
 def _example(record: dict[str, Any], verdict: dict[str, str]) -> dict[str, Any]:
     example = {"id": record.get("id"), "question": record.get("question"), "category": record.get("category"),
-               "reason": verdict["reason"], "detail": verdict["detail"], "gold_program": record.get("gold_program")}
+               "reason": verdict["reason"], "detail": verdict["detail"], "gold_program": record.get("gold_program"),
+               "error_kind": record.get("error_kind")}
     if record.get("program") is not None:
         example["program"] = record["program"]
     else:

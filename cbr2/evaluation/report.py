@@ -14,8 +14,10 @@ from cbr2.evaluation.metrics import ERROR_KINDS
 
 CLASS_LEGEND = ("Grounding: the program names a wrong or non-existent schema item, entity or value. "
                 "Logical: a condition dropped or added, a relation direction flipped, a comparison reversed "
-                "or another multi-hop structure. Other: no parsed program, no gold program, or the gold "
-                "program itself.")
+                "or another multi-hop structure. Other: the program cannot be compared with the gold one, "
+                "because it does not parse (syntax) or breaks KoPL's typing rules (type), or the question "
+                "has no gold program, or it is the gold program and only the executed answer differs "
+                "(same_program).")
 """What the three classes of the error analysis mean (the paper's Section 6.5)."""
 
 EXAMPLE_CHARS = 1500
@@ -125,8 +127,15 @@ def _example_lines(ex: dict[str, Any]) -> list[str]:
     if "program" in ex:
         lines += ["", "Predicted program:", "", *_fenced(ex["program"])]
     else:
-        lines += ["", "Generated text (no program parsed):", "", *_fenced(ex.get("generated") or "")]
+        lines += ["", _GENERATED_HEADING.get(ex.get("error_kind"), "Generated text:"), "",
+                  *_fenced(ex.get("generated") or "")]
     return lines
+
+
+_GENERATED_HEADING = {
+    "syntax": "Generated text (it does not parse, even after repair):",
+    "type": "Generated text (it parses, but breaks KoPL's typing rules):",
+}
 
 
 def _fenced(text: str) -> list[str]:

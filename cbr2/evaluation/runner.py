@@ -23,9 +23,9 @@ from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
-from tqdm import tqdm
 
 from cbr2.config import ablation_slug, canonical_ablation, git_hash, setting_of
+from cbr2.console import Progress
 from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES, Question
 from cbr2.evaluation.browser import write_browser
@@ -333,7 +333,7 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
             done[record["id"]] = record
 
         if todo:
-            with tqdm(total=len(todo), desc="generate", unit="q", file=sys.stderr) as bar:
+            with Progress(total=len(todo), desc="generate", unit="q") as bar:
                 last = [time.perf_counter()]
 
                 def on_result(j: int, completion: Completion) -> None:
@@ -385,7 +385,7 @@ def _correct(cfg: DictConfig, bench: Benchmark, canonicalize: Any, backend: Any,
     corrections = [build_correction(prompt, record, bench.kb.vocabulary, canonicalize.nearest)
                    for _, prompt, record in failed]
     log.info("fallback: correcting %d failed programs", len(corrections))
-    with tqdm(total=len(corrections), desc="correct", unit="q", file=sys.stderr) as bar:
+    with Progress(total=len(corrections), desc="correct", unit="q") as bar:
         last = [start]
 
         def on_result(j: int, completion: Completion) -> None:
@@ -460,8 +460,11 @@ def run_retrieval(cfg: DictConfig, bench: Benchmark, questions: list[Question], 
     retriever = Retriever(bench, r, cfg.structural.checkpoint, extra_views)
     start = time.perf_counter()
     retrieved: list[Retrieved] = []
-    for i in tqdm(range(0, len(questions), BATCH), desc="retrieve", unit="batch", disable=len(questions) <= BATCH):
-        retrieved += retriever.retrieve([Query(q.qid, q.question) for q in questions[i: i + BATCH]])
+    with Progress(total=len(questions), desc="retrieve", unit="q", disable=len(questions) <= BATCH) as bar:
+        for i in range(0, len(questions), BATCH):
+            batch = questions[i: i + BATCH]
+            retrieved += retriever.retrieve([Query(q.qid, q.question) for q in batch])
+            bar.update(len(batch))
     seconds = time.perf_counter() - start
     with (out / "retrieval.jsonl").open("w", encoding="utf-8") as sink:
         for item in retrieved:

@@ -29,16 +29,17 @@ from unittest import mock
 import lightning as L
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger
 from omegaconf import DictConfig, OmegaConf
 
 from cbr2 import slurm
 from cbr2.config import ConfigError, git_hash
+from cbr2.console import Progress
 from cbr2.structural.checkpoints import export_checkpoint
 from cbr2.structural.data import PairDataModule
 from cbr2.structural.module import StructuralRetriever
-from cbr2.tracking import wandb_mode
+from cbr2.tracking import announce, wandb_mode
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,52 @@ def run_id(cfg: DictConfig) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
 
 
+class LineProgress(Callback):
+    """Training progress as ``cbr2.console.Progress`` shows it: a bar on a terminal, and in a log
+    file a line every 30 s with the step, the loss and the time left, while the run goes on.
+
+    Replaces Lightning's bar (``trainer.enable_progress_bar``, off unless set), whose rich display
+    reaches a log file only when training ends, and numbers epochs from 0 against
+    ``max_epochs - 1`` (``Epoch 1/1`` for the second of two).
+    """
+
+    def __init__(self) -> None:
+        self.bar: Progress | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        total = trainer.estimated_stepping_batches
+        total = int(total) if total != float("inf") else None
+        params = sum(p.numel() for p in pl_module.parameters())
+        trainable = sum(p.numel() for p in pl_module.parameters() if p.requires_grad)
+        log.info("training %s: %.1f M parameters (%.1f M trainable), %s optimiser steps", type(pl_module).__name__,
+                 params / 1e6, trainable / 1e6, total if total is not None else "an unknown number of")
+        self.bar = Progress(total=total, desc="train", unit="step", initial=trainer.global_step, logger=log)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.bar is None:
+            return
+        loss = trainer.callback_metrics.get("train/loss")
+        epochs = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
+        self.bar.set_postfix(f"epoch {trainer.current_epoch + 1}{epochs}"
+                             + (f" · loss {float(loss):.4f}" if loss is not None else ""))
+        self.bar.update(trainer.global_step - self.bar.done)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.bar is None or trainer.sanity_checking:
+            return
+        shown = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        log.info("validation after step %d (epoch %d): %s", trainer.global_step, trainer.current_epoch + 1,
+                 ", ".join(f"{k} {v:.4f}" for k, v in sorted(shown.items())) or "no metrics")
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
 def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
     kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     for key in _RESERVED:
@@ -90,6 +137,10 @@ def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"unknown trainer key(s) {', '.join(f'trainer.{k}' for k in unknown)}; "
                           f"valid keys are lightning.Trainer's arguments: {', '.join(sorted(valid))}")
+    # LineProgress shows progress and the parameter count; Lightning's own bar and its model
+    # table (which prints "Total FLOPs: 0" for a model it cannot trace) only where asked for.
+    kwargs.setdefault("enable_progress_bar", False)
+    kwargs.setdefault("enable_model_summary", False)
     return kwargs
 
 
@@ -170,8 +221,11 @@ def _loggers(cfg: DictConfig, out: Path, rid: str) -> list[Logger]:
         from lightning.pytorch.loggers import WandbLogger  # imports wandb
 
         name = cfg.wandb.name or f"structural-{cfg.data.name}-{rid}"
-        loggers.append(WandbLogger(name=name, save_dir=str(out), mode=mode,
-                                   project=cfg.wandb.project, entity=cfg.wandb.entity, group=cfg.wandb.group))
+        wandb_logger = WandbLogger(name=name, save_dir=str(out), mode=mode,
+                                   project=cfg.wandb.project, entity=cfg.wandb.entity, group=cfg.wandb.group)
+        # Lightning passes anonymous=None to wandb.init, and W&B warns on every run that the setting is gone.
+        getattr(wandb_logger, "_wandb_init", {}).pop("anonymous", None)
+        loggers.append(wandb_logger)
     for logger in loggers:
         logger.log_hyperparams(config)
     return loggers
@@ -244,7 +298,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                                     mode="max", save_last=True, save_top_k=1, auto_insert_metric_name=False)
     loggers = _loggers(cfg, out, rid)
     try:
-        trainer = L.Trainer(**kwargs, logger=loggers, callbacks=[checkpointing], default_root_dir=out)
+        trainer = L.Trainer(**kwargs, logger=loggers, callbacks=[checkpointing, LineProgress()], default_root_dir=out)
     except TypeError as err:  # a valid name with a value Lightning rejects
         raise ConfigError(f"trainer: {err}") from err
 
@@ -308,5 +362,7 @@ def _finish_wandb(loggers: list[Logger]) -> None:
     if any(type(logger).__name__ == "WandbLogger" for logger in loggers):
         import wandb
 
-        if wandb.run is not None:
+        run = wandb.run
+        if run is not None:
             wandb.finish()
+            announce(run)
