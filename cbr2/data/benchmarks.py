@@ -17,7 +17,6 @@ from cbr2.data.questions import (
     load_metaqa_questions,
     metaqa_topics,
 )
-from cbr2.kb.loaders import load_kqapro_kb, load_metaqa_kb
 from cbr2.kb.model import KB
 from cbr2.kopl.program import Program
 
@@ -54,12 +53,14 @@ class Benchmark:
     Args:
         name: One of ``BENCHMARKS``.
         root: Folder in the official layout; defaults to the embedded copy for ``mini-*``.
+        cache_dir: Cache folder of the KB store (``cache_root``: default ``$CBR2_CACHE_DIR``,
+            else ``~/.cache/cbr2``).
 
     Raises:
         ValueError: On an unknown name, or a missing root for ``kqapro`` / ``metaqa``.
     """
 
-    def __init__(self, name: str, root: str | Path | None = None):
+    def __init__(self, name: str, root: str | Path | None = None, cache_dir: str | Path | None = None):
         if name not in BENCHMARKS:
             raise ValueError(f"unknown data.name {name!r}; expected one of {', '.join(BENCHMARKS)}")
         self.name = name
@@ -69,14 +70,20 @@ class Benchmark:
                 raise ValueError(f"data.name={name} needs data.root=DIR (a folder in the official {name} layout)")
             root = EMBEDDED_ROOT / embedded
         self.root = Path(root)
+        self.cache_dir = cache_dir
         if not (self.root / self.family.kb_file).is_file():
             raise DatasetFormatError(f"{self.root}: no {self.family.kb_file} (expected the official {self.family.name} layout)")
 
     @cached_property
     def kb(self) -> KB:
-        """The KB, read once."""
-        path = self.root / self.family.kb_file
-        return load_kqapro_kb(path) if self.family is KQAPRO else load_metaqa_kb(path)
+        """The KB, read once per process through the KB store (``cbr2.kb.store``).
+
+        The first process to read a KB file parses it and writes its store entry; later ones
+        (shards, sweep tasks) load the entry instead, in well under a second at KQA Pro's size.
+        """
+        from cbr2.kb.store import load_kb
+
+        return load_kb(self.root / self.family.kb_file, self.family.name, self.cache_dir)
 
     def questions(self, split: str | None = None) -> list[Question]:
         """Questions of a split (default: the family's evaluation split).

@@ -86,6 +86,9 @@ class KB:
             relation is stored on both ends (``forward`` on the subject, ``backward`` on the
             object), as in the official file.
         source: Where it was read from, for messages.
+
+    ``cbr2.kb.store.StoredKB`` is a KB read from the KB store (what ``Benchmark.kb`` returns):
+    the same interface, with ``entities`` unpickled per access from the store entry.
     """
 
     concepts: dict[str, dict[str, Any]]

@@ -6,7 +6,9 @@ node ids, concept → members (the reference engine's subclass closure), per-(ke
 attribute facts with parsed values and qualifiers, per-(relation, direction, node)
 neighbours with qualifiers, forward facts by subject and by object, key → value type. Nodes
 are small integers in the reference engine's order (concepts, then entities), so an entity
-set is a ``frozenset`` of ints and set operations are C loops.
+set is a ``frozenset`` of ints and set operations are C loops. A KB from the KB store
+(``cbr2.kb.store``) carries the indexes ``indexes()`` gave when its entry was built; the
+engine takes those (``_adopt``) and reads none of the KB's entities.
 
 Each method named after a KoPL function takes what the reference method takes (step results,
 then the textual arguments) and gives the same answers; ``answer`` turns the last result into
@@ -231,6 +233,17 @@ class Values(list):
 
 # ----------------------------------------------------------------------------- the engine
 
+INDEX_FORMAT = 1
+"""Version of what ``Engine.indexes`` returns; the KB store keys its entries on it (bump on change)."""
+
+
+def _by_name(names: list[str | None]) -> dict[str | None, frozenset[int]]:
+    by_name: dict[str | None, list[int]] = defaultdict(list)
+    for n, name in enumerate(names):
+        by_name[name].append(n)
+    return {name: frozenset(ns) for name, ns in by_name.items()}
+
+
 class Engine:
     """KoPL functions over indexes of one KB (see the module docstring for the semantics).
 
@@ -247,10 +260,39 @@ class Engine:
         enabled = gc.isenabled()
         gc.disable()
         try:
-            self._build(kb)
+            stored = getattr(kb, "engine_indexes", None)  # a KB from the store (cbr2.kb.store)
+            if stored is not None:
+                self._adopt(stored())
+            else:
+                self._build(kb)
         finally:
             if enabled:
                 gc.enable()
+
+    def indexes(self) -> dict[str, Any]:
+        """What ``__init__`` builds, as the KB store (``cbr2.kb.store``) saves it.
+
+        ``ids`` lists the node ids in node order, ``nodes`` how many of them are the KB's (the
+        objects of relations the KB lacks come after them), ``names`` the node names (None for
+        such an object); the rest are the indexes themselves (read-only once built).
+        ``INDEX_FORMAT`` names this layout.
+        """
+        return {"ids": list(self._node), "nodes": len(self.all), "names": self._names,
+                "members": dict(self._members),
+                "attrs": self._attrs, "rels": self._rels, "forward": self._forward, "backward": self._backward,
+                "key_type": self._key_type}
+
+    def _adopt(self, indexes: dict[str, Any]) -> None:
+        """Use what ``indexes()`` returned (possibly another engine's: they are only read)."""
+        self._node = {i: n for n, i in enumerate(indexes["ids"])}
+        self._names = indexes["names"]
+        self.all = frozenset(range(indexes["nodes"]))
+        self._by_name = _by_name(self._names[:indexes["nodes"]])
+        self._members = indexes["members"]
+        self._concept_cache = {}
+        self._attrs, self._rels = indexes["attrs"], indexes["rels"]
+        self._forward, self._backward = indexes["forward"], indexes["backward"]
+        self._key_type = indexes["key_type"]
 
     def _build(self, kb: KB) -> None:
         # The reference engine's one id space: concepts, then entities (an id that is both is
@@ -264,10 +306,7 @@ class Engine:
         self._node = node = {i: n for n, i in enumerate(ids)}
         self._names: list[str | None] = [names[i] for i in ids]
         self.all = frozenset(range(len(ids)))
-        by_name: dict[str, list[int]] = defaultdict(list)
-        for n, name in enumerate(self._names):
-            by_name[name].append(n)
-        self._by_name = {name: frozenset(ns) for name, ns in by_name.items()}
+        self._by_name = _by_name(self._names)
 
         # Concept membership: every node is a member of each node reachable from its parents
         # (a parent that is the node itself is skipped; a cycle still reaches it).
