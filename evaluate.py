@@ -14,8 +14,8 @@ ablation's delta file in ``configs/ablations/``); see README.
 import argparse
 import sys
 
+from cbr2.common.console import setup_logging
 from cbr2.config import ABLATIONS, Config, ConfigError, add_config_arguments, config_from_args
-from cbr2.console import setup_logging
 from cbr2.evaluation.runner import run_evaluation, show_prompt
 
 

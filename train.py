@@ -11,8 +11,8 @@ a YAML file on top of it first. Rerunning the same command resumes the same run.
 import argparse
 import sys
 
+from cbr2.common.console import setup_logging
 from cbr2.config import ConfigError, TrainConfig, add_config_arguments, config_from_args
-from cbr2.console import setup_logging
 from cbr2.structural.train import MONITOR, train
 
 

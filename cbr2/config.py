@@ -160,7 +160,7 @@ class EvalConfig:
     the two differ and why)."""
     num_shards: int | None = None
     """Split the selected questions into this many shards (question i goes to shard i mod N);
-    unset: ``$SLURM_ARRAY_TASK_COUNT`` in a job array, else 1. ``python -m cbr2.merge`` joins them."""
+    unset: ``$SLURM_ARRAY_TASK_COUNT`` in a job array, else 1. ``python -m cbr2.cluster.merge`` joins them."""
     shard: int | None = None
     """Which shard (0-based) this run evaluates; unset: the job-array task's position, else 0."""
 
@@ -437,13 +437,13 @@ def _choices() -> dict[str, Any]:
     """Keys whose value is one of a fixed set, with the set, taken from the code that reads them
     (imported here, not at the top: those modules import this one's neighbours)."""
     from cbr2.data.benchmarks import BENCHMARKS
+    from cbr2.evaluation.tracking import WANDB_MODES
     from cbr2.kopl.executor import ENGINES
     from cbr2.kopl.text import FORMATS
     from cbr2.llm import BACKENDS
     from cbr2.retrieval.index import INDEX_KINDS
     from cbr2.retrieval.retriever import CASE_MODES
     from cbr2.structural.labels import LABELS
-    from cbr2.tracking import WANDB_MODES
 
     return {"data.name": BENCHMARKS, "llm.backend": BACKENDS, "llm.dtype": DTYPES, "prompt.format": FORMATS,
             "eval.executor": ENGINES,

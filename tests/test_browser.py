@@ -135,7 +135,7 @@ def test_compare_lists_the_flips_with_relative_links(tmp_path):
 
 
 def test_report_cli_writes_the_comparison(tmp_path):
-    from cbr2.report import main
+    from cbr2.evaluation.compare import main
 
     a = write_run(tmp_path / "a", [prediction("val-1", "Count", True), prediction("val-2", "Count", False, kind="wrong")])
     b = write_run(tmp_path / "b", [prediction("val-1", "Count", False, kind="wrong"), prediction("val-2", "Count", True)])

@@ -164,8 +164,8 @@ def test_real_encoder_snaps_a_paraphrased_key(tmp_path, caplog):
     """The paper's error study's case, on the embedded KQA Pro KB with the MiniLM encoder."""
     from cbr2.config import load_config
     from cbr2.data.benchmarks import Benchmark
+    from cbr2.evaluation.scoring import score_generation
     from cbr2.kopl.executor import Executor
-    from cbr2.pipeline import score_generation
 
     bench = Benchmark("mini-kqapro")
     cfg = load_config(["data.name=mini-kqapro", "retrieval.device=cpu", f"retrieval.cache_dir={tmp_path}",

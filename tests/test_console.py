@@ -53,7 +53,7 @@ def test_the_paper_config_is_the_full_method_too():
 def test_report_labels_a_default_run_full(tmp_path):
     import json
 
-    from cbr2.report import load_run, table_data
+    from cbr2.evaluation.compare import load_run, table_data
 
     run = tmp_path / "llamacpp"
     run.mkdir()
@@ -66,7 +66,7 @@ def test_report_labels_a_default_run_full(tmp_path):
 def test_progress_off_a_terminal_is_a_line_with_the_time_left(caplog):
     import logging
 
-    from cbr2.console import Progress
+    from cbr2.common.console import Progress
 
     with caplog.at_level(logging.INFO, logger="cbr2.progress"), \
             Progress(total=4, desc="generate", unit="q", every_s=0) as bar:  # pytest's stderr is no terminal
@@ -106,7 +106,7 @@ def test_one_logging_setup_prints_lightning_once_and_drops_its_noise():
 
     code = (
         "import logging, lightning\n"  # Lightning imported first, as train.py does
-        "from cbr2.console import setup_logging\n"
+        "from cbr2.common.console import setup_logging\n"
         "setup_logging()\n"
         "rz = logging.getLogger('lightning.pytorch.utilities.rank_zero')\n"
         "rz.info('hello once'); rz.info('GPU available: False, used: False'); rz.info('GPU available: True')\n"

@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 from program_generator import ProgramGenerator
 
+from cbr2.evaluation.scoring import score_generation
 from cbr2.kb.loaders import kqapro_kb_from_dict
 from cbr2.kopl.checker import check_text
 from cbr2.kopl.executor import ExecutionError, Executor, quiet
 from cbr2.kopl.functions import canonical_name
 from cbr2.kopl.program import Program
 from cbr2.kopl.text import to_text
-from cbr2.pipeline import score_generation
 
 Outcome = Any  # a result list, or ("error", code)
 

@@ -8,7 +8,7 @@ import pytest
 from cbr2.data.questions import Question, question_record
 from cbr2.evaluation.errors import analyze, classify
 from cbr2.evaluation.metrics import compute_metrics
-from cbr2.evaluation.report import render_report, write_report
+from cbr2.evaluation.run_report import render_report, write_report
 from cbr2.kopl.text import parse_text
 
 EVEREST = "r1: Find[Mount Everest] → QueryAttr[elevation above sea level]"

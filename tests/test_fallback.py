@@ -9,13 +9,13 @@ import pytest
 from cbr2.config import load_config
 from cbr2.data.benchmarks import Benchmark
 from cbr2.evaluation.runner import generation_key, run_evaluation
+from cbr2.evaluation.scoring import score_generation
 from cbr2.generation import fallback
 from cbr2.generation.canonicalize import Canonicalizer
+from cbr2.generation.prompt import EMPTY_ANSWER, FALLBACK_VERSION
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.text import to_dag_text
 from cbr2.llm.base import Completion, Prompt
-from cbr2.pipeline import score_generation
-from cbr2.prompt import EMPTY_ANSWER, FALLBACK_VERSION
 
 BASE = ["llm.backend=fixer", "generation.constrained=false", "eval.per_category=null", "eval.limit=24", "wandb.mode=disabled",
         "retrieval.cases=none", "retrieval.k_ontology=0", "retrieval.k_facts=0"]
@@ -234,7 +234,7 @@ def test_a_pending_record_resumes_with_its_correction_only(tmp_path, fixer):
 
 
 def test_shards_merge_into_the_fallback_metrics_of_the_whole_run(tmp_path, fixer):
-    from cbr2.merge import merge
+    from cbr2.cluster.merge import merge
 
     whole = evaluate(tmp_path / "whole", "generation.fallback=true")
     for i in range(2):

@@ -17,10 +17,10 @@ import fuzzing
 import pytest
 
 from cbr2.evaluation.records import append_record, read_records, record_line
+from cbr2.evaluation.scoring import INTERNAL_ERROR, score_completion, score_generation
 from cbr2.generation.canonicalize import Canonicalizer
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.text import FORMATS, MAX_TEXT_CHARS, to_text
-from cbr2.pipeline import INTERNAL_ERROR, score_completion, score_generation
 
 pytestmark = pytest.mark.fuzz
 

@@ -243,7 +243,7 @@ def test_generated_text_with_a_lone_surrogate_is_written_and_resumed(tmp_path, e
     from cbr2.evaluation import runner
 
     monkeypatch.setattr(echo, "text", staticmethod(lambda q: "r1: Find[\ud800] → QueryName[]"))
-    # report.md quotes generated text too; its writer (cbr2.evaluation.report) is checked apart from this one.
+    # report.md quotes generated text too; its writer (cbr2.evaluation.run_report) is checked apart from this one.
     monkeypatch.setattr(runner, "write_report", lambda *a, **k: None)
     metrics, pred = _evaluate(tmp_path)
     records = [json.loads(line) for line in pred.read_text(encoding="utf-8").splitlines()]

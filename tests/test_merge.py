@@ -8,11 +8,11 @@ import shutil
 import pytest
 from run_equivalence import differences
 
+from cbr2.cluster.merge import main as merge_main
+from cbr2.cluster.merge import merge
+from cbr2.cluster.slurm import array_task, num_nodes, tasks_per_node, visible_gpus
 from cbr2.config import load_config
 from cbr2.evaluation.runner import resolve_shard, run_evaluation, shard_of
-from cbr2.merge import main as merge_main
-from cbr2.merge import merge
-from cbr2.slurm import array_task, num_nodes, tasks_per_node, visible_gpus
 
 RUN = ["llm.backend=gold", "generation.constrained=false", "eval.per_category=null", "eval.limit=20", "wandb.mode=disabled",
        "structural.checkpoint=sentence-transformers/all-MiniLM-L6-v2", "retrieval.k_semantic=2",

@@ -8,10 +8,10 @@ import pytest
 from cbr2.config import ABLATIONS, CONFIG_DIR, Config, ConfigError, ablation_file, load_config
 from cbr2.data.benchmarks import Benchmark
 from cbr2.evaluation.runner import select_questions
+from cbr2.generation.prompt import PROGRAM_SLOT, PromptBuilder, program_text, prompt_hash, system_text
 from cbr2.kb.triples import Triple
 from cbr2.kopl import functions
 from cbr2.kopl.text import to_text
-from cbr2.prompt import PROGRAM_SLOT, PromptBuilder, program_text, prompt_hash, system_text
 from cbr2.retrieval.cases import Case, Query
 from cbr2.retrieval.knowledge import Knowledge
 
@@ -154,8 +154,8 @@ def test_paper_yaml_holds_the_papers_setting():
 
 
 def test_the_correction_prompt_extends_the_original_with_the_failure():
+    from cbr2.generation.prompt import correction_prompt
     from cbr2.llm.base import Prompt
-    from cbr2.prompt import correction_prompt
 
     original = Prompt("q1", "SYSTEM", f"Question: Where was Marie Curie born?\n{PROGRAM_SLOT}\n")
     fixed = correction_prompt(original, "r1: Find[Marie Curi] → QueryName[]", "execution error [unknown_entity]",

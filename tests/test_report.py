@@ -1,4 +1,4 @@
-"""`python -m cbr2.report`: Table 5 layout and order, Δ, honesty checks, chart and CLI, on synthetic runs."""
+"""`python -m cbr2.evaluation.compare`: Table 5 layout and order, Δ, honesty checks, chart and CLI, on synthetic runs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from cbr2.data.questions import KQAPRO_CATEGORIES
-from cbr2.report import ReportError, ablation_table, load_run, main, plot_per_category, table_data
+from cbr2.evaluation.compare import ReportError, ablation_table, load_run, main, plot_per_category, table_data
 
 PAPER_TABLE_5 = {
     # ablation -> (per category Hits@1 in KQA Pro order, overall), the paper's numbers.

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from run_equivalence import differences
 
+from cbr2.cluster.sweep import Sweep
 from cbr2.config import ABLATIONS
-from cbr2.sweep import Sweep
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -25,7 +25,7 @@ BACKBONE = "structural.checkpoint=sentence-transformers/all-MiniLM-L6-v2"
 
 def test_an_ablation_sweep_is_one_job_array_and_one_table(slurm_cluster, tmp_path):
     env = {**slurm_cluster.env, "CBR2_PYTHON": sys.executable}
-    subprocess.run([sys.executable, "-m", "cbr2.sweep", "submit", "--wait", "--dir", str(tmp_path), "--name", "abl",
+    subprocess.run([sys.executable, "-m", "cbr2.cluster.sweep", "submit", "--wait", "--dir", str(tmp_path), "--name", "abl",
                     "--ablations", "all", "llm.backend=gold", "eval.per_category=1", "wandb.mode=disabled", BACKBONE],
                    cwd=REPO, env=env, check=True, timeout=1200)
     sweep = Sweep.load(tmp_path / "abl")
@@ -66,7 +66,7 @@ def test_three_slurm_shards_merge_into_the_unsharded_run(slurm_cluster, tmp_path
 
     shards = sorted((tmp_path / "run").glob("shard-*-of-3"))
     assert [s.name for s in shards] == ["shard-0-of-3", "shard-1-of-3", "shard-2-of-3"]
-    subprocess.run([sys.executable, "-m", "cbr2.merge", *map(str, shards)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "cbr2.cluster.merge", *map(str, shards)], check=True, timeout=300)
     assert differences(tmp_path / "whole", tmp_path / "run") == []
     generated = [json.loads(line)["generated"] for line in (tmp_path / "run" / "predictions.jsonl").open()]
     assert len(generated) == 6 and all(generated)  # the LLM really wrote each answer

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from cbr2.cluster.sweep import Sweep, expand_grid, expand_vary, main, split_values
 from cbr2.config import ConfigError
-from cbr2.sweep import Sweep, expand_grid, expand_vary, main, split_values
 
 BASE = ["llm.backend=gold", "generation.constrained=false", "eval.per_category=null", "eval.limit=6", "wandb.mode=disabled",
         "structural.checkpoint=sentence-transformers/all-MiniLM-L6-v2"]

@@ -4,7 +4,7 @@ flipped between runs.
     python -m cbr2.evaluation.browser RUN_DIR...      # (re)write browser.html of finished runs
 
 Every evaluation and shard merge writes ``browser.html`` beside ``report.md``; ``python -m
-cbr2.report RUN_A RUN_B ...`` writes ``compare.html`` beside ``ablation.md``. Both are one file
+cbr2.evaluation.compare RUN_A RUN_B ...`` writes ``compare.html`` beside ``ablation.md``. Both are one file
 each: the data embedded as JSON in a ``<script type="application/json">`` block, vanilla JS and
 inline CSS, no URL outside the folder, so they work from ``file://`` with no server and no network.
 
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cbr2.console import setup_logging
+from cbr2.common.console import setup_logging
 from cbr2.evaluation.errors import CLASSES, classify
 from cbr2.evaluation.metrics import ERROR_KINDS
 from cbr2.evaluation.records import read_records

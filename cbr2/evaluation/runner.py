@@ -24,14 +24,16 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from cbr2.common.console import Progress
 from cbr2.config import ablation_slug, canonical_ablation, git_hash, setting_of
-from cbr2.console import Progress
 from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES, Question
 from cbr2.evaluation.browser import write_browser
 from cbr2.evaluation.metrics import compute_metrics, retrieval_metrics
 from cbr2.evaluation.records import append_record, read_records, records_by_id
-from cbr2.evaluation.report import write_report
+from cbr2.evaluation.run_report import write_report
+from cbr2.evaluation.scoring import score_completion
+from cbr2.evaluation.tracking import log_evaluation
 from cbr2.generation.fallback import (
     build_correction,
     corrected,
@@ -40,17 +42,15 @@ from cbr2.generation.fallback import (
     is_pending,
     single_pass_view,
 )
+from cbr2.generation.prompt import FALLBACK_VERSION, PROMPT_VERSION, PromptBuilder, prompt_hash
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.sketch import schema_items, sketch
 from cbr2.kopl.text import FORMATS
 from cbr2.llm import backend_class, make_backend
 from cbr2.llm.base import Completion, Prompt
-from cbr2.pipeline import score_completion
-from cbr2.prompt import FALLBACK_VERSION, PROMPT_VERSION, PromptBuilder, prompt_hash
 from cbr2.retrieval.cases import VIEWS, Query
 from cbr2.retrieval.knowledge import Knowledge
 from cbr2.retrieval.retriever import CASE_MODES, Retrieved, Retriever, check_retrieval_config, resolve_structural
-from cbr2.tracking import log_evaluation
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def output_dir(cfg: DictConfig, bench: Benchmark, retrieval_only: bool = False, 
         if ablation and not retrieval_only:
             leaf += "-" + ablation_slug(ablation)
         base = Path("outputs") / cfg.data.name / (cfg.data.split or bench.family.eval_split) / leaf
-    # Shards of one run sit side by side in its folder; `python -m cbr2.merge` fills the folder itself.
+    # Shards of one run sit side by side in its folder; `python -m cbr2.cluster.merge` fills the folder itself.
     count = cfg.eval.num_shards or 1
     return base / f"shard-{cfg.eval.shard}-of-{count}" if count > 1 else base
 
@@ -86,7 +86,7 @@ def resolve_shard(cfg: DictConfig) -> None:
     Raises:
         ValueError: On a shard outside ``[0, num_shards)`` or only one of the two set outside an array.
     """
-    from cbr2.slurm import array_task
+    from cbr2.cluster.slurm import array_task
 
     e = cfg.eval
     if e.num_shards is None and e.shard is None:
@@ -256,7 +256,7 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
     write_report(out / "report.md", metrics, title=title)
     write_browser(out, bench)
     if sharded:  # one W&B run per evaluation, not per shard: the merge logs it
-        log.info("shard %d of %d done; `python -m cbr2.merge` joins the shards and logs the run to W&B",
+        log.info("shard %d of %d done; `python -m cbr2.cluster.merge` joins the shards and logs the run to W&B",
                  cfg.eval.shard, cfg.eval.num_shards)
     else:
         log_evaluation(cfg.wandb, metrics, records, out, name=wandb_name(cfg, bench.name, ablation))

@@ -3,7 +3,7 @@
 After the single pass, a program that did not parse, type-check or execute, or that executed
 to an empty answer, gets exactly one more generation: its question's prompt followed by the
 failed program, the error message and the valid KB items nearest to the arguments involved
-(``cbr2.prompt.correction_prompt``). A non-empty wrong answer never fires it: telling it from
+(``cbr2.generation.prompt.correction_prompt``). A non-empty wrong answer never fires it: telling it from
 a right one needs the gold answer, which a deployed system does not have.
 
 The correction prompt is built from a ``Failure``, which holds the generated text, the error
@@ -34,12 +34,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cbr2.generation.prompt import EMPTY_ANSWER, FALLBACK_VERSION, Suggestion, correction_prompt, program_text
 from cbr2.kb.model import Vocabulary
 from cbr2.kopl.functions import get_spec
 from cbr2.kopl.grounding import SLOT_KINDS, slot_items
 from cbr2.kopl.text import split_top
 from cbr2.llm.base import Completion, Prompt
-from cbr2.prompt import EMPTY_ANSWER, FALLBACK_VERSION, Suggestion, correction_prompt, program_text
 
 FIRES_ON = ("syntax", "type", "execution", "empty")
 """Error kinds that fire the correction round: the failures visible without the gold answer."""
@@ -280,7 +280,7 @@ def render_fallback(metrics: dict[str, Any]) -> list[str]:
             nothing to render (an empty list).
     """
     # Imported here: report.py may import this module to render the section.
-    from cbr2.evaluation.report import pct
+    from cbr2.evaluation.run_report import pct
 
     fb, single = metrics.get("fallback"), metrics.get("single_pass")
     if not fb or not single:

@@ -1,6 +1,6 @@
 """What every LLM backend receives and returns.
 
-A backend gets ``Prompt`` objects (built by ``cbr2.prompt``) and returns one ``Completion``
+A backend gets ``Prompt`` objects (built by ``cbr2.generation.prompt``) and returns one ``Completion``
 per prompt, in order. How a prompt becomes model input is the backend's business:
 ``Prompt.text`` for a base model (plain completion), ``Prompt.messages`` with the model's
 chat template for an instruction model (``llm.chat``). ``render`` shows exactly that input

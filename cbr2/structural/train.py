@@ -33,13 +33,13 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger
 from omegaconf import DictConfig, OmegaConf
 
-from cbr2 import slurm
+from cbr2.cluster import slurm
+from cbr2.common.console import Progress
 from cbr2.config import ConfigError, git_hash
-from cbr2.console import Progress
+from cbr2.evaluation.tracking import announce, wandb_mode
 from cbr2.structural.checkpoints import export_checkpoint
 from cbr2.structural.data import PairDataModule
 from cbr2.structural.module import StructuralRetriever
-from cbr2.tracking import announce, wandb_mode
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def run_id(cfg: DictConfig) -> str:
 
 
 class LineProgress(Callback):
-    """Training progress as ``cbr2.console.Progress`` shows it: a bar on a terminal, and in a log
+    """Training progress as ``cbr2.common.console.Progress`` shows it: a bar on a terminal, and in a log
     file a line every 30 s with the step, the loss and the time left, while the run goes on.
 
     Replaces Lightning's bar (``trainer.enable_progress_bar``, off unless set), whose rich display

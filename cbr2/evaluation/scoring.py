@@ -21,13 +21,13 @@ from typing import Any
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.questions import Question, question_record
 from cbr2.evaluation.metrics import is_correct
+from cbr2.generation.prompt import program_text
 from cbr2.kopl.checker import check_text
 from cbr2.kopl.executor import ExecutionError, Executor
 from cbr2.kopl.grounding import unknown_arguments
 from cbr2.kopl.program import SYNTAX, Program
 from cbr2.kopl.repair import repair
 from cbr2.kopl.text import MAX_TEXT_CHARS, to_text
-from cbr2.prompt import program_text
 
 log = logging.getLogger(__name__)
 

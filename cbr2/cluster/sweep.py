@@ -1,20 +1,20 @@
 """Sweeps: one SLURM job array over a grid of evaluations, then one job that joins them.
 
-    python -m cbr2.sweep submit --ablations all --grid llm.seed=0,1 --sbatch "--gpus=1 --time=04:00:00" \\
+    python -m cbr2.cluster.sweep submit --ablations all --grid llm.seed=0,1 --sbatch "--gpus=1 --time=04:00:00" \\
         --config configs/paper.yaml data.name=kqapro data.root=/data/KQAPro
-    python -m cbr2.sweep submit --ablations all --shards 4 ...     # each run split over 4 tasks
-    python -m cbr2.sweep submit --ablations all --local            # no SLURM: the tasks one after another here
-    python -m cbr2.sweep status outputs/sweeps/NAME
+    python -m cbr2.cluster.sweep submit --ablations all --shards 4 ...     # each run split over 4 tasks
+    python -m cbr2.cluster.sweep submit --ablations all --local            # no SLURM: the tasks one after another here
+    python -m cbr2.cluster.sweep status outputs/sweeps/NAME
 
 ``submit`` expands the grid (ablations x every ``--grid`` key's values), checks every run's
 config (a misspelt key fails here, not in 16 queued jobs), writes ``SWEEP/sweep.json`` and
 submits ``slurm/sweep.sbatch`` twice: a job array with one task per run and shard, and a
 ``finalize`` job that starts when the array has ended (``afterany``). Task ``t`` evaluates run
 ``t // shards``, shard ``t % shards``, into ``SWEEP/runs/{run}/``, with ``wandb.group`` set to
-the sweep's name. ``finalize`` merges sharded runs (``python -m cbr2.merge``), writes the
-Table 5 layout of the finished runs to ``SWEEP/report/`` (``python -m cbr2.report``) and
+the sweep's name. ``finalize`` merges sharded runs (``python -m cbr2.cluster.merge``), writes the
+Table 5 layout of the finished runs to ``SWEEP/report/`` (``python -m cbr2.evaluation.compare``) and
 ``SWEEP/summary.json`` (task states, seconds, the sweep's wall time). A task that was killed
-resumes from its predictions when run again: ``python -m cbr2.sweep task SWEEP T`` or
+resumes from its predictions when run again: ``python -m cbr2.cluster.sweep task SWEEP T`` or
 ``sbatch --array=T slurm/sweep.sbatch task SWEEP``.
 """
 
@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
+from cbr2.common.console import setup_logging
 from cbr2.config import (
     ABLATIONS,
     CONFIG_DIR,
@@ -50,7 +51,7 @@ from cbr2.config import (
     git_hash,
     load_config,
 )
-from cbr2.console import setup_logging
+from cbr2.evaluation import compare
 
 log = logging.getLogger(__name__)
 
@@ -281,8 +282,7 @@ def finalize(sweep: Sweep) -> dict[str, Any]:
 
     Runs with a failed or unfinished task are left out of the table and listed in the summary.
     """
-    from cbr2 import report
-    from cbr2.merge import merge
+    from cbr2.cluster.merge import merge
 
     states = task_states(sweep)
     finished, incomplete = [], []
@@ -303,7 +303,7 @@ def finalize(sweep: Sweep) -> dict[str, Any]:
     table = None
     if finished:
         out = Path(sweep.dir) / "report"
-        code = report.main([*map(str, finished), "--out", str(out), "--title", sweep.name])
+        code = compare.main([*map(str, finished), "--out", str(out), "--title", sweep.name])
         table = str(out / "ablation.md") if code == 0 else None
     vary = _vary_tables(sweep, finished)
     starts = [s["start_s"] for s in states if "start_s" in s]
@@ -325,7 +325,6 @@ def finalize(sweep: Sweep) -> dict[str, Any]:
 def _vary_tables(sweep: Sweep, finished: list[Path]) -> str | None:
     """``SWEEP/report/vary.md`` of a one-factor-at-a-time sweep (``--vary``): each setting against
     its ablation's base run; None for grids or when no base run finished."""
-    from cbr2 import report
 
     done = {p.name for p in finished}
     bases = {r.ablation: r for r in sweep.runs if not r.overrides and r.name in done}
@@ -333,10 +332,10 @@ def _vary_tables(sweep: Sweep, finished: list[Path]) -> str | None:
         return None
     parts = []
     for ablation, base in bases.items():
-        others = [(" ".join(r.overrides), report.load_run(sweep.run_dir(r))) for r in sweep.runs
+        others = [(" ".join(r.overrides), compare.load_run(sweep.run_dir(r))) for r in sweep.runs
                   if r.ablation == ablation and r.overrides and r.name in done]
         title = f"{sweep.name} · {base.name}: one factor at a time"
-        parts.append(report.versus_table(report.load_run(sweep.run_dir(base)), others, title))
+        parts.append(compare.versus_table(compare.load_run(sweep.run_dir(base)), others, title))
     path = Path(sweep.dir) / "report" / "vary.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(parts), encoding="utf-8")
@@ -401,7 +400,7 @@ def _new_sweep(args: argparse.Namespace) -> Sweep:
     folder = (Path(args.dir) / name).resolve()
     if (folder / "sweep.json").exists():
         raise ConfigError(f"{folder} already holds a sweep; choose another --name (tasks of a sweep resume with "
-                          f"`python -m cbr2.sweep task {folder} T`)")
+                          f"`python -m cbr2.cluster.sweep task {folder} T`)")
     if args.vary and args.grid:
         raise ConfigError("--vary (one factor at a time) and --grid (every combination) do not combine; use one")
     if args.vary:
@@ -443,9 +442,9 @@ def _submit_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cbr2.sweep {submit,task,finalize,status} ...``."""
+    """``python -m cbr2.cluster.sweep {submit,task,finalize,status} ...``."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(prog="python -m cbr2.sweep", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m cbr2.cluster.sweep", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     _submit_arguments(sub.add_parser("submit", help="expand a grid and submit it as one job array (+ a finalize job)"))
@@ -457,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             q.add_argument("index", nargs="?", type=int, help="task number; default $SLURM_ARRAY_TASK_ID's position")
     if argv[:1] == ["submit"]:
         # Options may come between overrides, which argparse only allows without subparsers.
-        submit_parser = argparse.ArgumentParser(prog="python -m cbr2.sweep submit")
+        submit_parser = argparse.ArgumentParser(prog="python -m cbr2.cluster.sweep submit")
         _submit_arguments(submit_parser)
         args = submit_parser.parse_intermixed_args(argv[1:])
         args.command = "submit"
@@ -487,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "task":
             index = args.index
             if index is None:
-                from cbr2.slurm import array_task
+                from cbr2.cluster.slurm import array_task
 
                 position = array_task()
                 if position is None:

@@ -1,6 +1,6 @@
 """Join the shards of one evaluation into the result an unsharded run would have written.
 
-    python -m cbr2.merge outputs/kqapro/val/vllm/shard-*-of-8 --out outputs/kqapro/val/vllm
+    python -m cbr2.cluster.merge outputs/kqapro/val/vllm/shard-*-of-8 --out outputs/kqapro/val/vllm
 
 ``python evaluate.py eval.num_shards=N eval.shard=I`` (or a SLURM job array, which sets both)
 evaluates question i of the selection in shard ``i mod N``. The merge rebuilds the selection
@@ -25,12 +25,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from cbr2.console import setup_logging
+from cbr2.common.console import setup_logging
 from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES
 from cbr2.evaluation.browser import write_browser
 from cbr2.evaluation.records import read_records, record_line, records_by_id
-from cbr2.evaluation.report import write_report
+from cbr2.evaluation.run_report import write_report
 from cbr2.evaluation.runner import (
     check_same_config,
     finish_metrics,
@@ -41,7 +41,7 @@ from cbr2.evaluation.runner import (
     shard_of,
     wandb_name,
 )
-from cbr2.tracking import log_evaluation
+from cbr2.evaluation.tracking import log_evaluation
 
 log = logging.getLogger(__name__)
 
@@ -232,8 +232,8 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cbr2.merge SHARD_DIR... --out DIR``."""
-    parser = argparse.ArgumentParser(prog="python -m cbr2.merge", description=__doc__,
+    """``python -m cbr2.cluster.merge SHARD_DIR... --out DIR``."""
+    parser = argparse.ArgumentParser(prog="python -m cbr2.cluster.merge", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shards", nargs="+", metavar="SHARD_DIR", help="every shard folder of one evaluation")
     parser.add_argument("--out", metavar="DIR",

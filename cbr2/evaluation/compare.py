@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m cbr2.report RUN_DIR... [--out DIR] [--title T]
+    python -m cbr2.evaluation.compare RUN_DIR... [--out DIR] [--title T]
 
 Each ``RUN_DIR`` is an evaluation output folder holding ``metrics.json``. Writes
 ``DIR/ablation.md`` (also printed), ``DIR/ablation.json``, ``DIR/per_category.png`` and, for two
@@ -29,7 +29,7 @@ from typing import Any
 
 from cbr2.config import canonical_ablation
 from cbr2.data.questions import KQAPRO_ABBREVIATIONS, KQAPRO_CATEGORIES, METAQA_CATEGORIES
-from cbr2.evaluation.report import pct
+from cbr2.evaluation.run_report import pct
 
 SETTINGS = (
     # (provenance "ablation" name, category group, row label), in the paper's Table 5 order.
@@ -472,7 +472,7 @@ def plot_per_category(runs: Sequence[dict[str, Any]], path: str | Path, title: s
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: tabulate and plot runs; 0 on success, 2 on refused input."""
-    parser = argparse.ArgumentParser(prog="python -m cbr2.report",
+    parser = argparse.ArgumentParser(prog="python -m cbr2.evaluation.compare",
                                      description="Ablation table (paper's Table 5 layout) and per-category chart.")
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="evaluation output folders (with metrics.json)")
     parser.add_argument("--out", default="outputs/report", help="where to write the report (default: %(default)s)")
