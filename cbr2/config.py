@@ -1,26 +1,37 @@
 """Typed configuration: defaults here, ``configs/*.yaml`` on top, then ``key=value`` overrides.
 
 The dataclasses are the schema: a key that is not declared here fails with a message that
-lists the valid keys, and a value of the wrong type fails naming the key.
+lists the valid keys, a value of the wrong type or outside a ``Literal`` field's set fails naming
+the key; ``cbr2._config_load`` checks the rest (registry names, ranges) and words the errors.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import re
 import subprocess
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from cbr2._config_load import RANGES, ConfigError, leaves, merge_layers, read_yaml, validate
+
+__all__ = ["RANGES", "ConfigError", "validate"]  # defined in cbr2._config_load, public here
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
+
+# Closed vocabularies: the type of their field, so a value outside one fails as the config is
+# merged (``load_config`` names it with the valid values). The code that implements each keeps
+# its own table of the same names (named below); tests/test_config_defaults.py checks they agree.
+ProgramFormat = Literal["dag", "chain"]  # prompt.format: cbr2.kopl.text.FORMATS
+CaseMode = Literal["dual", "semantic", "structural", "random", "none"]  # retrieval.cases: retriever.CASE_MODES
+IndexKind = Literal["flat", "hnsw", "ivf"]  # retrieval.index: cbr2.retrieval.index.INDEX_KINDS
+ExecutorEngine = Literal["cbr2", "kopl"]  # eval.executor: cbr2.kopl.executor.ENGINES
+StructuralLabel = Literal["seqmatch", "lcs"]  # structural.label: cbr2.structural.labels.LABELS
+WandbMode = Literal["online", "offline", "disabled"]  # wandb.mode: cbr2.evaluation.tracking.WANDB_MODES
 
 
 @dataclass
@@ -94,14 +105,15 @@ class LLMConfig:
     timeout_s: float = 120.0
     """``openai``: per-request timeout."""
     max_retries: int = 6
-    """``openai``: retries of a rate-limited or failed request, with exponential backoff."""
+    """``openai``: retries of a rate-limited (429), timed-out or failed (408, 409, 5xx, connection)
+    request: the ``openai`` client's own, with exponential backoff, honouring ``Retry-After``."""
 
 
 @dataclass
 class PromptConfig:
     """How programs are written as text."""
 
-    format: str = "dag"
+    format: ProgramFormat = "dag"
     """``dag`` (the paper's structure-aware form) or ``chain`` (one step per line)."""
     case_triples: int | None = 2
     """Ontology and fact triples shown with each case, of each kind (null: all retrieved; the
@@ -154,7 +166,7 @@ class EvalConfig:
     """Shuffle seed of the ``per_category`` sample."""
     timeout_s: float = 10.0
     """Per-program execution time limit in seconds."""
-    executor: str = "cbr2"
+    executor: ExecutorEngine = "cbr2"
     """``cbr2``: the project's engine (indexed, built in a fraction of the time); ``kopl``: the
     official reference engine, for comparison (same answers; ``cbr2/kopl/engine.py`` lists where
     the two differ and why)."""
@@ -175,7 +187,7 @@ class RetrievalConfig:
     """``auto`` (CUDA when visible), ``cpu``, ``cuda``, ``cuda:1`` ..."""
     batch_size: int = 64
     """Texts per encoder forward pass."""
-    index: str = "flat"
+    index: IndexKind = "flat"
     """FAISS index: ``flat`` (exact inner product), ``hnsw`` or ``ivf`` (approximate, for large KBs)."""
     k_ontology: int = 10
     """Ontology triples per question (K_o)."""
@@ -185,7 +197,7 @@ class RetrievalConfig:
     """Cases from the semantic view (k_s; the paper: 5, ``configs/paper.yaml``)."""
     k_structural: int = 3
     """Cases from the structural view (k_r; the paper: 5)."""
-    cases: str = "dual"
+    cases: CaseMode = "dual"
     """``dual`` (semantic + structural, merged), ``semantic``, ``structural``, ``random`` or ``none``."""
     seed: int = 0
     """Seed of ``cases=random``."""
@@ -207,7 +219,7 @@ class StructuralConfig:
 class WandbConfig:
     """Weights & Biases logging."""
 
-    mode: str = "offline"
+    mode: WandbMode = "offline"
     """``online``, ``offline`` (local run files, ``wandb sync`` later) or ``disabled``."""
     project: str = "cbr2"
     """W&B project."""
@@ -251,7 +263,7 @@ class StructuralTrainConfig:
 
     backbone: str = "sentence-transformers/all-MiniLM-L6-v2"
     """Encoder to fine-tune (hub id, local folder, or packaged hub id)."""
-    label: str = "seqmatch"
+    label: StructuralLabel = "seqmatch"
     """Program similarity: ``seqmatch`` (difflib SequenceMatcher ratio) or ``lcs`` (normalised LCS)."""
     label_bins: int = 5
     """Pairs are drawn evenly from this many equal-width label bins over [0, 1]."""
@@ -294,13 +306,43 @@ class TrainConfig:
     """Run folder (logs, Lightning checkpoints); ``outputs/train/{data.name}/{run id}`` when unset."""
 
 
-class ConfigError(ValueError):
-    """A configuration file or override that does not fit the schema."""
+@dataclass(frozen=True)
+class Ablation:
+    """One setting of the paper's Table 5: its name, delta file and place in the table."""
+
+    name: str
+    """As the paper and ``--ablation`` spell it (``w/o_act``)."""
+    group: str
+    """Table 5's category group ("" for the full method)."""
+    label: str
+    """Table 5's row label."""
+
+    @property
+    def slug(self) -> str:
+        """The name as file and folder names spell it (``wo_act``)."""
+        return ablation_slug(self.name)
+
+    @property
+    def file(self) -> Path:
+        """Its delta file over the defaults, ``configs/ablations/{slug}.yaml``."""
+        return CONFIG_DIR / "ablations" / f"{self.slug}.yaml"
 
 
-ABLATIONS = ("full", "chain", "w/o_reasoning_case", "w/o_semantic_case", "random_case", "w/o_act", "w/o_ont",
-             "w/o_knowledge")
-"""The paper's Table 5 settings, in its order; each is a delta file in ``configs/ablations/``."""
+ABLATION_TABLE = (
+    Ablation("full", "", "Full CBR²"),
+    Ablation("chain", "Target Program Format", "Chain"),
+    Ablation("w/o_reasoning_case", "Case Recall", "-w/o reasoning case"),
+    Ablation("w/o_semantic_case", "Case Recall", "-w/o semantic case"),
+    Ablation("random_case", "Case Recall", "random case"),
+    Ablation("w/o_act", "Knowledge Recall", "-w/o act knowledge"),
+    Ablation("w/o_ont", "Knowledge Recall", "-w/o ont knowledge"),
+    Ablation("w/o_knowledge", "Knowledge Recall", "-w/o knowledge"),
+)
+"""The paper's Table 5 settings, in its order (``python -m cbr2.evaluation.compare`` lays out its
+table by it; ``--ablation`` and the sweep take the names)."""
+
+ABLATIONS = tuple(a.name for a in ABLATION_TABLE)
+"""The names of ``ABLATION_TABLE``, in its order."""
 
 
 def canonical_ablation(name: str | None) -> str | None:
@@ -315,18 +357,28 @@ def ablation_slug(name: str) -> str:
     return name.replace("w/o_", "wo_")
 
 
+def ablation(name: str) -> Ablation:
+    """The Table 5 setting of a name (``w/o_act`` or its file spelling ``wo_act``).
+
+    Raises:
+        ConfigError: For an unknown name, with the closest valid one.
+    """
+    canonical = canonical_ablation(name)
+    for a in ABLATION_TABLE:
+        if a.name == canonical:
+            return a
+    close = difflib.get_close_matches(str(canonical), ABLATIONS, n=1, cutoff=0.75)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise ConfigError(f"unknown ablation {name!r}{hint}; valid: {', '.join(ABLATIONS)}")
+
+
 def ablation_file(name: str) -> Path:
     """The delta file of an ablation (``w/o_act`` or ``wo_act`` → ``configs/ablations/wo_act.yaml``).
 
     Raises:
         ConfigError: For an unknown name, with the closest valid one.
     """
-    canonical = canonical_ablation(name)
-    if canonical not in ABLATIONS:
-        close = difflib.get_close_matches(str(canonical), ABLATIONS, n=1, cutoff=0.75)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        raise ConfigError(f"unknown ablation {name!r}{hint}; valid: {', '.join(ABLATIONS)}")
-    return CONFIG_DIR / "ablations" / f"{ablation_slug(canonical)}.yaml"
+    return ablation(name).file
 
 
 def setting_of(cfg: DictConfig) -> str | None:
@@ -338,7 +390,7 @@ def setting_of(cfg: DictConfig) -> str | None:
     a run without ``--ablation`` on the defaults is ``full``, and ``retrieval.k_facts=0`` given
     as an override is ``w/o_act``, as ``--ablation w/o_act`` is.
     """
-    deltas = {name: _leaves(OmegaConf.to_container(_read_yaml(ablation_file(name)))) for name in ABLATIONS}
+    deltas = {a.name: leaves(OmegaConf.to_container(read_yaml(a.file))) for a in ABLATION_TABLE}
     keys = sorted(set().union(*deltas.values()))
     defaults = OmegaConf.structured(Config)
 
@@ -355,22 +407,6 @@ def setting_of(cfg: DictConfig) -> str | None:
     return None
 
 
-def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {}
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        out.update(_leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
-def _valid_keys(node: Any, prefix: str = "") -> list[str]:
-    keys = []
-    for k, v in node.items():
-        keys += _valid_keys(v, f"{prefix}{k}.") if isinstance(v, DictConfig) else [f"{prefix}{k}"]
-    return keys
-
-
 def load_config(overrides: list[str] | None = None, files: list[str | Path] = (), schema: type = Config) -> DictConfig:
     """Build the configuration.
 
@@ -382,180 +418,9 @@ def load_config(overrides: list[str] | None = None, files: list[str | Path] = ()
     Raises:
         ConfigError: Naming the unknown key (with the list of valid ones), the file (and line,
             for a file that is not a YAML mapping), or the value that does not fit its type or
-            its allowed values (``validate``).
+            its allowed values (its ``Literal`` type, ``validate``), every bad value at once.
     """
-    cfg = OmegaConf.structured(schema)
-    for path in files:
-        try:
-            cfg = OmegaConf.merge(cfg, _read_yaml(path))
-        except OmegaConfBaseException as err:
-            raise ConfigError(f"{path}: {_describe(err, cfg)}") from err
-    for item in overrides or []:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not key=value (e.g. data.name=mini-metaqa)")
-        try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
-        except OmegaConfBaseException as err:
-            raise ConfigError(f"override {item!r}: {_describe(err, cfg)}") from err
-    validate(cfg)
-    return cfg
-
-
-def _read_yaml(path: str | Path) -> DictConfig:
-    """A config file as a mapping; a file that is not one is a one-line error naming it.
-
-    Raises:
-        ConfigError: Naming the file (and the line of a YAML syntax error) when it cannot be
-            read, is not YAML, or holds something other than a mapping of config keys.
-    """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read this config file ({err})") from None
-    try:
-        # Parsed once here for the checks (PyYAML reports the line); OmegaConf parses it again
-        # with its own loader, as before, for the values.
-        data = yaml.safe_load(text)
-        if data is None:  # empty, or only comments
-            return OmegaConf.create({})
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}:1: holds a YAML {type(data).__name__}, not a mapping of config keys "
-                              "(e.g. `eval:` and below it `  limit: 10`)")
-        return OmegaConf.load(path)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        what = " ".join(str(x) for x in (getattr(err, "context", None), getattr(err, "problem", None)) if x)
-        raise ConfigError(f"{where}: not valid YAML ({what or type(err).__name__})") from None
-
-
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-"""Values of ``llm.dtype``."""
-
-
-def _choices() -> dict[str, Any]:
-    """Keys whose value is one of a fixed set, with the set, taken from the code that reads them
-    (imported here, not at the top: those modules import this one's neighbours)."""
-    from cbr2.data.benchmarks import BENCHMARKS
-    from cbr2.evaluation.tracking import WANDB_MODES
-    from cbr2.kopl.executor import ENGINES
-    from cbr2.kopl.text import FORMATS
-    from cbr2.llm import BACKENDS
-    from cbr2.retrieval.index import INDEX_KINDS
-    from cbr2.retrieval.retriever import CASE_MODES
-    from cbr2.structural.labels import LABELS
-
-    return {"data.name": BENCHMARKS, "llm.backend": BACKENDS, "llm.dtype": DTYPES, "prompt.format": FORMATS,
-            "eval.executor": ENGINES,
-            "retrieval.index": INDEX_KINDS, "retrieval.cases": CASE_MODES, "structural.label": LABELS,
-            "wandb.mode": WANDB_MODES}
-
-
-@dataclass(frozen=True)
-class _Range:
-    """Numbers a key accepts (null is for the schema's type to allow: it then means the default)."""
-
-    low: float | None = None
-    high: float | None = None
-    open_low: bool = False
-    """The bound ``low`` itself is excluded."""
-    open_high: bool = False
-    why: str = ""
-    """Added to the message (what the rejected values would do, or what null means)."""
-
-    def accepts(self, value: float) -> bool:
-        if self.low is not None and (value < self.low or (self.open_low and value == self.low)):
-            return False
-        return self.high is None or not (value > self.high or (self.open_high and value == self.high))
-
-    def __str__(self) -> str:
-        if self.high is None:
-            text = f"{'greater than' if self.open_low else 'at least'} {self.low}"
-        else:
-            text = f"in {'(' if self.open_low else '['}{self.low}, {self.high}{')' if self.open_high else ']'}"
-        return text + (f" ({self.why})" if self.why else "")
-
-
-_COUNT, _ANY_COUNT, _POSITIVE, _SHARE = _Range(1), _Range(0), _Range(0, open_low=True), _Range(0, 1)
-RANGES: dict[str, _Range] = {
-    "llm.max_new_tokens": _COUNT,
-    "llm.temperature": _Range(0, why="0 is greedy decoding"),
-    "llm.top_p": _Range(0, 1, open_low=True),
-    "llm.batch_size": _COUNT,
-    "llm.tensor_parallel_size": _COUNT,
-    "llm.gpu_memory_utilization": _Range(0, 1, open_low=True),
-    "llm.max_model_len": _COUNT,
-    "llm.concurrency": _COUNT,
-    "llm.timeout_s": _POSITIVE,
-    "llm.max_retries": _ANY_COUNT,
-    "prompt.case_triples": _ANY_COUNT,
-    "generation.max_lines": _COUNT,
-    "generation.max_calls_per_line": _COUNT,
-    "generation.max_literal_chars": _COUNT,
-    "generation.closed_entities": _ANY_COUNT,
-    "generation.canonicalize_threshold": _SHARE,
-    "eval.limit": _Range(1, why="0 would evaluate no question; null evaluates all of them"),
-    "eval.per_category": _Range(1, why="null takes the whole split"),
-    "eval.skip_per_category": _ANY_COUNT,
-    "eval.timeout_s": _Range(0, open_low=True, why="seconds per program; 0 or less would fail every program"),
-    "eval.num_shards": _COUNT,
-    "eval.shard": _ANY_COUNT,
-    "retrieval.batch_size": _COUNT,
-    "retrieval.k_ontology": _ANY_COUNT,
-    "retrieval.k_facts": _ANY_COUNT,
-    "retrieval.k_semantic": _ANY_COUNT,
-    "retrieval.k_structural": _ANY_COUNT,
-    "structural.label_bins": _COUNT,
-    "structural.pairs_per_epoch": _COUNT,
-    "structural.val_pairs": _COUNT,
-    "structural.holdout": _Range(0, 1, open_low=True, open_high=True),
-    "structural.batch_size": _COUNT,
-    "structural.lr": _POSITIVE,
-    "structural.warmup_ratio": _SHARE,
-    "structural.max_seq_length": _COUNT,
-}
-"""Numeric keys and the values they accept; keys a schema does not have are skipped."""
-
-
-def validate(cfg: DictConfig) -> None:
-    """Check the values that the schema's types cannot: choices and ranges.
-
-    ``load_config`` calls this on every configuration it builds (``evaluate.py``, ``train.py``,
-    the sweep), so a bad value fails before any data, model or W&B run is loaded, not after
-    minutes of work.
-
-    Raises:
-        ConfigError: Naming each bad key, its value and what is allowed (one line).
-    """
-    missing = object()
-
-    def value(key: str) -> Any:
-        try:
-            return OmegaConf.select(cfg, key, default=missing)
-        except OmegaConfBaseException as err:  # e.g. an interpolation that does not resolve
-            raise ConfigError(f"{key}: {err}") from None
-
-    problems = []
-    choices = _choices()
-    for key, allowed in choices.items():
-        v = value(key)
-        if v is not missing and v not in allowed:
-            close = difflib.get_close_matches(str(v), list(allowed), n=2)
-            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-            problems.append(f"unknown {key} {v!r}{hint}; expected one of {', '.join(allowed)}")
-    name = value("data.name")
-    split = value("data.split")
-    if split not in (missing, None) and name in choices["data.name"]:
-        family = choices["data.name"][name][0]  # BENCHMARKS: name -> (family, embedded folder)
-        if split not in family.splits:
-            problems.append(f"data.split={split!r} is not a {family.name} split; expected one of "
-                            f"{', '.join(family.splits)} (null: {family.eval_split})")
-    for key, allowed in RANGES.items():
-        v = value(key)
-        if v is not missing and v is not None and not allowed.accepts(v):
-            problems.append(f"{key}={v!r}: must be {allowed}")
-    if problems:
-        raise ConfigError("; ".join(problems))
+    return merge_layers(OmegaConf.structured(schema), files, overrides or [])
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -572,51 +437,8 @@ def config_from_args(args: argparse.Namespace, defaults: str, schema: type) -> D
     Raises:
         ConfigError: As ``load_config``, or for an unknown ablation.
     """
-    ablation = [ablation_file(args.ablation)] if getattr(args, "ablation", None) else []
-    return load_config(args.overrides, files=[CONFIG_DIR / defaults, *ablation, *args.config], schema=schema)
-
-
-def _describe(err: OmegaConfBaseException, cfg: DictConfig) -> str:
-    """OmegaConf's error in the project's words: the key, a close valid key, the expected type."""
-    key = getattr(err, "full_key", None) or ""
-    if isinstance(err, ConfigKeyError):
-        valid = _valid_keys(cfg)
-        close = difflib.get_close_matches(key, valid, n=2, cutoff=0.7)
-        if close:
-            return f"unknown key {key!r} (did you mean {' or '.join(close)}?)"
-        section = key.rpartition(".")[0]
-        same = [k for k in valid if section and k.startswith(section + ".")]
-        if same:
-            return f"unknown key {key!r}; the keys of {section} are {', '.join(same)}"
-        sections = sorted({k.split(".")[0] for k in valid})
-        return f"unknown key {key!r}; keys start with one of {', '.join(sections)} (e.g. eval.limit)"
-    message = str(getattr(err, "msg", None) or err).splitlines()[0]
-    hint = getattr(err, "object_type", None)
-    field_name = getattr(err, "key", None)
-    expected = _expected_type(hint, field_name) if hint is not None and field_name is not None else None
-    if expected:
-        shown = re.search(r"Value '(.*?)'", message)
-        return f"{key} takes {expected}" + (f", not {shown.group(1)!r}" if shown else "")
-    if "is not a subclass of" in message:  # a section given a plain value (eval=3)
-        return "that is a group of keys, not a value: set one of its keys (e.g. eval.limit=10)"
-    return f"{key}: {message}".strip(": ")
-
-
-_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-
-
-def _expected_type(schema: type, name: str) -> str | None:
-    """``an integer``, ``null or a number`` ...: what a schema field takes, in words."""
-    try:
-        hint = typing.get_type_hints(schema).get(name)
-    except (NameError, TypeError):
-        return None
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if hint in _TYPE_WORDS:
-        return _TYPE_WORDS[hint]
-    if len(args) == 1 and args[0] in _TYPE_WORDS and type(None) in typing.get_args(hint):
-        return f"null or {_TYPE_WORDS[args[0]]}"
-    return None
+    delta = [ablation_file(args.ablation)] if getattr(args, "ablation", None) else []
+    return load_config(args.overrides, files=[CONFIG_DIR / defaults, *delta, *args.config], schema=schema)
 
 
 def git_hash() -> str | None:

@@ -35,6 +35,7 @@ BACKBONE = "structural.checkpoint=sentence-transformers/all-MiniLM-L6-v2"
 """The untrained backbone as structural retriever: a real encoder without minutes of training."""
 
 
+@pytest.mark.slow
 def test_evaluate_cli_writes_results_and_prints_where(tmp_path):
     proc = _run("data.name=mini-metaqa", "eval.limit=30", BACKBONE, f"output_dir={tmp_path}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -46,6 +47,7 @@ def test_evaluate_cli_writes_results_and_prints_where(tmp_path):
     assert len((tmp_path / "retrieval.jsonl").read_text().splitlines()) == 30
 
 
+@pytest.mark.slow
 def test_retrieval_only_cli_scores_every_view(tmp_path):
     proc = _run("--retrieval-only", "data.name=mini-metaqa", "eval.limit=30", BACKBONE, f"output_dir={tmp_path}",
                 cwd=tmp_path)
@@ -75,6 +77,7 @@ def test_evaluate_cli_errors_exit_2_with_a_message(tmp_path, args, message):
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_show_prompt_prints_the_prompt_and_nothing_else(tmp_path):
     # smollm2-135m is prompted as plain text; the default model's chat template is tested below.
     proc = _run("--show-prompt", "2", "--ablation", "w/o_knowledge", BACKBONE, "llm.model=smollm2-135m", cwd=tmp_path)
@@ -95,6 +98,7 @@ def test_show_prompt_prints_the_prompt_and_nothing_else(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written
 
 
+@pytest.mark.slow
 def test_show_prompt_of_the_default_model_is_its_chat_template(tmp_path):
     pytest.importorskip("llama_cpp")
     from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, chunk_paths

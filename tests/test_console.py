@@ -100,6 +100,7 @@ def test_training_progress_numbers_epochs_from_one(caplog):
     assert line.startswith("train 5/8 (62%)") and "epoch 2/2" in line and "loss 0.2500" in line and "left" in line
 
 
+@pytest.mark.slow
 def test_one_logging_setup_prints_lightning_once_and_drops_its_noise():
     import subprocess
     import sys

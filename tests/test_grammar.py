@@ -144,6 +144,7 @@ def test_build_grammar_follows_the_config(kqapro):
     assert g.max_bytes < ProgramGrammar(kqapro.kb.vocabulary, "chain").max_bytes
 
 
+@pytest.mark.slow
 def test_compiled_grammars_are_cached_on_disk(tmp_path, grammars, monkeypatch):
     from cbr2.llm.hf import HFBackend
 

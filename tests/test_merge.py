@@ -12,7 +12,8 @@ from cbr2.cluster.merge import main as merge_main
 from cbr2.cluster.merge import merge
 from cbr2.cluster.slurm import array_task, num_nodes, tasks_per_node, visible_gpus
 from cbr2.config import load_config
-from cbr2.evaluation.runner import resolve_shard, run_evaluation, shard_of
+from cbr2.evaluation.runner import run_evaluation
+from cbr2.evaluation.selection import resolve_shard, shard_of
 
 RUN = ["llm.backend=gold", "generation.constrained=false", "eval.per_category=null", "eval.limit=20", "wandb.mode=disabled",
        "structural.checkpoint=sentence-transformers/all-MiniLM-L6-v2", "retrieval.k_semantic=2",
@@ -34,6 +35,7 @@ def runs(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_three_shards_merge_into_the_unsharded_run(runs, tmp_path):
     shards = [runs / "run" / f"shard-{i}-of-3" for i in (2, 0, 1)]  # any order
     assert [json.loads((s / "metrics.json").read_text())["n"] for s in shards] == [6, 7, 7]
@@ -48,6 +50,7 @@ def test_three_shards_merge_into_the_unsharded_run(runs, tmp_path):
     assert ids == [json.loads(line)["id"] for line in (runs / "whole" / "predictions.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_the_command_line_merges_into_the_shards_parent(runs, tmp_path, capsys):
     copy = tmp_path / "run"
     shutil.copytree(runs / "run", copy)
@@ -56,6 +59,7 @@ def test_the_command_line_merges_into_the_shards_parent(runs, tmp_path, capsys):
     assert differences(runs / "whole", copy) == []
 
 
+@pytest.mark.slow
 def test_retrieval_only_shards_merge_too(tmp_path):
     whole = run_evaluation(load_config([*RUN, f"output_dir={tmp_path / 'whole'}"]), retrieval_only=True)
     for i in range(2):
@@ -71,6 +75,7 @@ def _refusal(shards, out, capsys) -> str:
     return capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_missing_duplicated_or_unfinished_shards_are_refused(runs, tmp_path, capsys):
     s = [runs / "run" / f"shard-{i}-of-3" for i in range(3)]
     assert "missing shard(s) [2] of 3" in _refusal(s[:2], tmp_path / "m", capsys)
@@ -83,6 +88,7 @@ def test_missing_duplicated_or_unfinished_shards_are_refused(runs, tmp_path, cap
     assert not (tmp_path / "m" / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_a_question_answered_in_two_shards_is_refused(runs, tmp_path, capsys):
     s = [runs / "run" / f"shard-{i}-of-3" for i in range(3)]
     doubled = tmp_path / "shard-0"
@@ -93,6 +99,7 @@ def test_a_question_answered_in_two_shards_is_refused(runs, tmp_path, capsys):
     assert "other shards" in _refusal([doubled, s[1], s[2]], tmp_path / "m", capsys)
 
 
+@pytest.mark.slow
 def test_shards_of_different_configs_are_refused(runs, tmp_path, capsys):
     other = tmp_path / "other"
     _evaluate(other, "eval.num_shards=3", "eval.shard=2", "retrieval.k_facts=3")

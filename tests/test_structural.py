@@ -252,6 +252,7 @@ def test_unknown_trainer_key_is_a_config_error(tiny_root, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_train_cli_rejects_unknown_key(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "structural.nope=1"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120, check=False,

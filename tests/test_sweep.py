@@ -69,6 +69,7 @@ def test_a_bad_key_fails_before_anything_is_submitted(tmp_path, capsys):
     assert "unknown ablation 'w/o_cases'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_local_sweep_merges_shards_and_tabulates(tmp_path, capsys):
     code = main(["submit", "--local", "--dir", str(tmp_path), "--name", "s", "--ablations", "full,w/o_knowledge",
                  "--shards", "2", *BASE])
@@ -83,6 +84,7 @@ def test_a_local_sweep_merges_shards_and_tabulates(tmp_path, capsys):
     assert "2 of 2 runs" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_failed_task_is_recorded_and_the_others_finish(tmp_path, capsys):
     # A valid config that fails when run: mini-kqapro's test split has no gold answers (a split
     # that does not exist is refused when the config is built, before anything is submitted).
@@ -105,6 +107,7 @@ def test_a_bad_option_value_is_refused_before_anything_is_submitted(tmp_path, ca
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.slow
 def test_a_local_vary_sweep_writes_each_setting_against_its_base(tmp_path):
     code = main(["submit", "--local", "--dir", str(tmp_path), "--name", "v", "--vary", "prompt.format=dag,chain",
                  "--vary", "eval.limit=4", *BASE])

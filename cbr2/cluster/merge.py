@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -26,22 +25,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from cbr2.common.console import setup_logging
-from cbr2.data.benchmarks import KQAPRO, Benchmark
-from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES
-from cbr2.evaluation.browser import write_browser
-from cbr2.evaluation.records import read_records, record_line, records_by_id
-from cbr2.evaluation.run_report import write_report
-from cbr2.evaluation.runner import (
-    check_same_config,
-    finish_metrics,
-    load_predictions,
-    run_title,
-    select_questions,
-    selection_sha256,
-    shard_of,
-    wandb_name,
-)
-from cbr2.evaluation.tracking import log_evaluation
+from cbr2.data.benchmarks import Benchmark
+from cbr2.evaluation.metrics import merge_retrieval
+from cbr2.evaluation.records import Prediction, read_records, record_line, records_by_id
+from cbr2.evaluation.run_folder import check_same_config, finish_run, load_predictions, write_atomic, write_config
+from cbr2.evaluation.selection import check_shard, select_questions, selection_sha256
 
 log = logging.getLogger(__name__)
 
@@ -120,41 +108,6 @@ def check_shards(shards: list[Shard]) -> list[Shard]:
     return sorted(shards, key=lambda s: s.index)
 
 
-def merge_retrieval(blocks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The ``retrieval`` block of the whole run from those of its shards.
-
-    Every rate in the block is a count divided by a count (hits over questions, found schema
-    items over items), so each shard's count is recovered exactly as ``round(rate * n)`` and
-    the merged rate is the same division an unsharded run does: equal to the last bit.
-    """
-    n = sum(b["n"] for b in blocks)
-    merged: dict[str, Any] = {"n": n, "cases": {}}
-    for view, ranks in blocks[0]["cases"].items():
-        merged["cases"][view] = {
-            key: (sum(round(b["cases"][view][key] * b["n"]) for b in blocks) / n if n else 0.0) for key in ranks}
-    if "knowledge" in blocks[0]:
-        items = sum(b["knowledge"]["items"] for b in blocks)
-        merged["knowledge"] = {
-            key: (sum(round(b["knowledge"][key] * b["knowledge"]["items"]) for b in blocks) / items if items else 0.0)
-            for key in ("recall", "recall_ontology", "recall_facts")}
-        merged["knowledge"]["items"] = items
-    seconds = [b.get("seconds_per_question") for b in blocks]
-    if all(s is not None for s in seconds):
-        merged["seconds_per_question"] = sum(s * b["n"] for s, b in zip(seconds, blocks, strict=True)) / max(1, n)
-    encoders = [b.get("encoders") for b in blocks]
-    if any(e != encoders[0] for e in encoders):
-        raise ValueError(f"shards retrieved with different encoders: {encoders}")
-    merged["encoders"] = encoders[0]
-    return merged
-
-
-def _write(path: Path, text: str) -> None:
-    # Written beside and renamed: an interrupted merge never leaves a half file that looks whole.
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
     """Join shard folders into one run folder ``out``.
 
@@ -174,26 +127,21 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
     cfg = unsharded_config(first.cfg)
     bench = Benchmark(cfg.data.name, cfg.data.root)
     selection = select_questions(bench, cfg)
-    if selection_sha256(selection) != first.info["selection_sha256"]:
-        raise ValueError(f"the selection of {cfg.data.name} ({len(selection)} questions) is not the one the shards "
-                         f"evaluated ({first.info['selection_n']}): the data changed since they ran")
-    by_id: dict[str, dict[str, Any]] = {}
+    by_id: dict[str, Prediction] = {}
     retrieval_lines: dict[str, str] = {}
     for s in shards:
-        expected = shard_of(selection, s.index, s.count)
-        if s.metrics["provenance"].get("question_ids_sha256") != selection_sha256(expected):
-            raise ValueError(f"{s.dir}: its questions are not shard {s.index} of {s.count} of this selection")
+        expected = check_shard(selection, s.metrics["provenance"], str(s.dir), cfg.data.name)
         if not s.retrieval_only:
-            records = load_predictions(s.dir / "predictions.jsonl")
+            found = load_predictions(s.dir / "predictions.jsonl")
             wanted = {q.qid for q in expected}
-            missing = [q.qid for q in expected if q.qid not in records]
-            foreign = sorted(set(records) - wanted)
+            missing = [q.qid for q in expected if q.qid not in found]
+            foreign = sorted(set(found) - wanted)
             if missing:
                 raise ValueError(f"{s.dir}: {len(missing)} question(s) have no prediction, e.g. {missing[:3]}")
             if foreign:
                 raise ValueError(f"{s.dir}/predictions.jsonl holds {len(foreign)} question(s) of other shards or "
                                  f"selections, e.g. {foreign[:3]}: they would be counted twice")
-            by_id.update({qid: records[qid] for qid in wanted})
+            by_id.update({qid: found[qid] for qid in wanted})
         path = s.dir / "retrieval.jsonl"
         retrieval_lines.update({qid: record_line(rec) for qid, rec in records_by_id(path, read_records(path)).items()})
 
@@ -201,32 +149,20 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     if not first.retrieval_only:
         check_same_config(out, cfg)
-    ablation = first.metrics["provenance"].get("ablation")
-    categories = KQAPRO_CATEGORIES if bench.family is KQAPRO else METAQA_CATEGORIES
     prov = {k: v for k, v in first.metrics["provenance"].items() if k != "shard"}
     prov.update(config=OmegaConf.to_container(cfg), output_dir=str(out), question_ids_sha256=selection_sha256(selection),
                 command=" ".join(sys.argv), merged_from=[str(s.dir) for s in shards])
     blocks = [s.metrics["retrieval"] for s in shards if s.metrics.get("retrieval")]
     retrieval = merge_retrieval(blocks) if len(blocks) == len(shards) else None
 
-    if first.retrieval_only:
-        metrics: dict[str, Any] = {"n": len(selection), "retrieval": retrieval, "provenance": prov}
-        records = []
-    else:
-        records = [by_id[q.qid] for q in selection]
-        _write(out / "predictions.jsonl", "".join(record_line(r) + "\n" for r in records))
-        metrics = finish_metrics(records, categories, bool(OmegaConf.select(cfg, "generation.fallback", default=False)))
-        if retrieval is not None:
-            metrics["retrieval"] = retrieval
-        metrics["provenance"] = prov
-    if len(retrieval_lines) == len(selection):
-        _write(out / "retrieval.jsonl", "".join(retrieval_lines[q.qid] + "\n" for q in selection))
-    _write(out / "config.yaml", OmegaConf.to_yaml(cfg))
-    _write(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-    write_report(out / "report.md", metrics, title=run_title(bench.name, cfg, first.retrieval_only, ablation))
-    write_browser(out, bench)
+    records: list[Prediction] | None = None  # None: shards of a retrieval-only run
     if not first.retrieval_only:
-        log_evaluation(cfg.wandb, metrics, records, out, name=wandb_name(cfg, bench.name, ablation))
+        records = [by_id[q.qid] for q in selection]
+        write_atomic(out / "predictions.jsonl", "".join(record_line(r) + "\n" for r in records))
+    if len(retrieval_lines) == len(selection):
+        write_atomic(out / "retrieval.jsonl", "".join(retrieval_lines[q.qid] + "\n" for q in selection))
+    write_config(out, cfg)
+    metrics = finish_run(out, cfg, bench, prov, len(selection), records, retrieval)
     log.info("merged %d shards (%d questions) into %s", len(shards), len(selection), out)
     return metrics
 

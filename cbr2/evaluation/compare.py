@@ -21,28 +21,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cbr2.config import canonical_ablation
+from cbr2.config import ABLATION_TABLE, canonical_ablation
 from cbr2.data.questions import KQAPRO_ABBREVIATIONS, KQAPRO_CATEGORIES, METAQA_CATEGORIES
+from cbr2.evaluation.figures import cell, percent_bars, render_table
 from cbr2.evaluation.run_report import pct
 
-SETTINGS = (
-    # (provenance "ablation" name, category group, row label), in the paper's Table 5 order.
-    ("full", "", "Full CBR²"),
-    ("chain", "Target Program Format", "Chain"),
-    ("w/o_reasoning_case", "Case Recall", "-w/o reasoning case"),
-    ("w/o_semantic_case", "Case Recall", "-w/o semantic case"),
-    ("random_case", "Case Recall", "random case"),
-    ("w/o_act", "Knowledge Recall", "-w/o act knowledge"),
-    ("w/o_ont", "Knowledge Recall", "-w/o ont knowledge"),
-    ("w/o_knowledge", "Knowledge Recall", "-w/o knowledge"),
-)
-_RANK = {name: i for i, (name, _, _) in enumerate(SETTINGS)}
+_RANK = {a.name: i for i, a in enumerate(ABLATION_TABLE)}
+"""A run's ``ablation`` (its provenance's setting name) → its row in Table 5 (``config.ABLATION_TABLE``)."""
 OTHER_GROUP = "Other"
 """Group of runs that are not one of the paper's settings (no or an unknown ablation name)."""
 
@@ -149,10 +139,10 @@ def _setting(run: dict[str, Any]) -> tuple[int, str, str]:
     """(rank in Table 5, group, base label) of a run; runs outside the paper's settings rank last."""
     name = run["ablation"]
     if name in _RANK:
-        _, group, label = SETTINGS[_RANK[name]]
-        return _RANK[name], group, label
+        setting = ABLATION_TABLE[_RANK[name]]
+        return _RANK[name], setting.group, setting.label
     # Unknown names keep their own name; unnamed runs are known by their folder.
-    return len(SETTINGS), OTHER_GROUP, str(name) if name else run["dir"].name
+    return len(ABLATION_TABLE), OTHER_GROUP, str(name) if name else run["dir"].name
 
 
 def _show(value: Any) -> str:
@@ -343,42 +333,6 @@ def _correctness(run: dict[str, Any]) -> dict[str, bool]:
     return run["_correct"]
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def render_table(data: dict[str, Any], title: str | None = None) -> str:
-    """Markdown of :func:`table_data`'s structure."""
-    cols = data["columns"]
-    bench = " ".join(str(x) for x in (data["benchmark"], data["split"]) if x)
-    lines = [f"# {title or 'Ablation study' + (f' · {bench}' if bench else '')}", ""]
-    if any(c["header"] != c["category"] for c in cols):
-        lines += ["Hits@1 (%) per category; " + "; ".join(f"{c['header']}: {c['category']}" for c in cols
-                                                           if c["header"] != c["category"]) + ".", ""]
-    lines += [("Δ vs full: Overall minus that of the full run with the same LLM and seed (— where there is none), "
-               "with its 95% paired bootstrap interval over the questions; flips: questions only this setting / only "
-               "the full run got right; SER after repair."), ""]
-    header = ["Category group", "Setting", *(c["header"] for c in cols), "Overall", "Δ vs full (points)",
-              "95% CI", "flips", "SER (%)", "n"]
-    lines += ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 2)]
-    previous_group = None
-    for row in data["rows"]:
-        # Like the paper, a group's name stands on its first row only.
-        group = row["group"] if row["group"] != previous_group else ""
-        previous_group = row["group"]
-        cells = [f"{v:.2f}" if v is not None else "—" for v in row["per_category"].values()]
-        delta = "—" if row["delta_vs_full"] is None else f"{row['delta_vs_full']:+.2f}"
-        ci = "—" if not row.get("delta_ci") else f"[{row['delta_ci'][0]:+.2f}, {row['delta_ci'][1]:+.2f}]"
-        flips = "—" if not row.get("flips") else f"+{row['flips']['gained']} / −{row['flips']['lost']}"
-        lines.append("| " + " | ".join([_cell(group), _cell(row["setting"]), *cells, f"{row['overall']:.2f}", delta,
-                                        ci, flips, f"{row['ser']:.2f}", str(row["n"])]) + " |")
-    if data["notes"]:
-        for note in data["notes"]:
-            # A blank line between notes, or Markdown merges them into one paragraph.
-            lines += ["", f"> **Note:** {note}"]
-    return "\n".join(lines) + "\n"
-
-
 def versus_table(base: dict[str, Any], runs: Sequence[tuple[str, dict[str, Any]]], title: str) -> str:
     """Markdown of settings against one base run (a one-factor-at-a-time sweep), with paired intervals.
 
@@ -408,7 +362,7 @@ def versus_table(base: dict[str, Any], runs: Sequence[tuple[str, dict[str, Any]]
         spq, tokens = gen.get("seconds_per_question"), gen.get("prompt_tokens")
         cells += [f"{_percent(m['ser']):.2f}", "—" if spq is None else f"{spq:.2f}",
                   "—" if tokens is None else f"{tokens:.0f}", str(m["n"])]
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -426,48 +380,19 @@ def ablation_table(runs: Sequence[dict[str, Any]], title: str | None = None) -> 
 
 
 def plot_per_category(runs: Sequence[dict[str, Any]], path: str | Path, title: str | None = None) -> None:
-    """Grouped bar chart of Hits@1 per category, one bar per run (like the paper's Figure 5).
+    """Write a PNG of Hits@1 per category and overall, one bar per run in the table's order and labels
+    (like the paper's Figure 5).
 
     Args:
         runs: Results of :func:`load_run`, in any order.
         path: The PNG to write.
         title: Chart title; none when unset.
     """
-    # Imported here: the headless backend must be chosen before pyplot loads, and the table
-    # alone should not pay for matplotlib.
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ordered = labelled(runs)
-    cols = _columns(ordered) + [("__overall__", "Overall")]
-    n_runs, n_cols = len(ordered), len(cols)
-    width = 0.8 / max(n_runs, 1)
-    fig_w = min(max(8.0, 0.17 * n_runs * n_cols + 3.0), 20.0)  # about 0.17 in a bar, labels stay legible
-    fig, ax = plt.subplots(figsize=(fig_w, 6.0), dpi=120)
-    cmap = plt.get_cmap("tab10" if n_runs <= 10 else "tab20")
-    for i, r in enumerate(ordered):
-        m = r["metrics"]
-        values = [100 * m["hits@1"] if c == "__overall__" else
-                  (100 * m["per_category"][c]["hits@1"] if c in m["per_category"] else float("nan")) for c, _ in cols]
-        xs = [j + (i - (n_runs - 1) / 2) * width for j in range(n_cols)]
-        bars = ax.bar(xs, values, width, label=r["label"], color=cmap(i % cmap.N))
-        # Vertical labels stay legible however many runs share a category.
-        ax.bar_label(bars, labels=["" if math.isnan(v) else f"{v:.1f}" for v in values], fontsize=7,
-                     rotation=90 if n_runs > 2 else 0, padding=2)
-    ax.set_xticks(range(n_cols), [h for _, h in cols])
-    ax.set_ylabel("Hits@1 (%)")
-    ax.set_ylim(0, 115)  # headroom for the value labels above 100
-    ax.set_yticks(range(0, 101, 20))
-    ax.grid(axis="y", alpha=0.3)
-    ax.set_axisbelow(True)
-    if title:
-        ax.set_title(title)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=min(n_runs, 4), frameon=False)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    ordered, nan = labelled(runs), float("nan")
+    cols = _columns(ordered)
+    series = [(r["label"], [100 * r["metrics"]["per_category"][c]["hits@1"] if c in r["metrics"]["per_category"]
+                            else nan for c, _ in cols] + [100 * r["metrics"]["hits@1"]]) for r in ordered]
+    percent_bars(series, [h for _, h in cols] + ["Overall"], path, ylabel="Hits@1 (%)", title=title)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from cbr2.evaluation.records import Prediction
 from cbr2.kopl.functions import FUNCTIONS, get_spec
 from cbr2.kopl.program import Program, ProgramError
 from cbr2.kopl.sketch import SCHEMA_KINDS, sketch, sketch_text
@@ -41,7 +42,7 @@ COMPARISON_KINDS = ("op", "between_op", "among_op")
 """Closed argument kinds that choose a comparison; ``direction`` is handled on its own."""
 
 
-def classify(record: dict[str, Any]) -> dict[str, str] | None:
+def classify(record: Prediction) -> dict[str, str] | None:
     """Classify one prediction record.
 
     Args:
@@ -148,7 +149,7 @@ def argument_differences(pred: Program, gold: Program) -> list[dict[str, Any]]:
     return diffs
 
 
-def analyze(records: Iterable[dict[str, Any]], categories: Sequence[str] = (), examples: int = 3) -> dict[str, Any]:
+def analyze(records: Iterable[Prediction], categories: Sequence[str] = (), examples: int = 3) -> dict[str, Any]:
     """Classify every wrong prediction and aggregate: ``metrics.json``'s ``error_analysis`` block.
 
     Args:
@@ -216,7 +217,7 @@ def _of_kinds(diffs: list[dict[str, Any]], kinds: Sequence[str]) -> list[dict[st
     return [d for d in diffs if d["kind"] in kinds]
 
 
-def _example(record: dict[str, Any], verdict: dict[str, str]) -> dict[str, Any]:
+def _example(record: Prediction, verdict: dict[str, str]) -> dict[str, Any]:
     example = {"id": record.get("id"), "question": record.get("question"), "category": record.get("category"),
                "reason": verdict["reason"], "detail": verdict["detail"], "gold_program": record.get("gold_program"),
                "error_kind": record.get("error_kind")}

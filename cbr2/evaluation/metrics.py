@@ -1,4 +1,5 @@
-"""Hits@1 and syntax error rate, overall and per category: the one place metrics are defined.
+"""Every metric of a run, in one place: Hits@1 and SER overall and per category, generation cost,
+the fallback's effect, retrieval quality, and the paired comparison of two runs.
 
 Honesty rules that live here:
 * a prediction is right only if it has an executed answer that matches the gold one; a
@@ -17,6 +18,8 @@ from datetime import date
 from typing import Any
 
 from cbr2.evaluation.errors import analyze
+from cbr2.evaluation.records import Prediction
+from cbr2.generation.fallback import FIRES_ON, single_pass_view
 
 ERROR_KINDS = ("syntax", "type", "execution", "empty", "wrong")
 """Why a prediction is wrong, in pipeline order; ``None`` means right."""
@@ -61,7 +64,7 @@ def is_correct(pred: str | Sequence[str] | None, gold: str | Sequence[str] | Non
     return top is not None and any(answers_match(top, g) for g in gold)
 
 
-def _rates(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _rates(records: Sequence[Prediction]) -> dict[str, Any]:
     n = len(records)
     if n == 0:
         return {"hits@1": 0.0, "ser": 0.0, "ser_before_repair": 0.0, "n": 0}
@@ -73,7 +76,7 @@ def _rates(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def compute_metrics(records: Iterable[dict[str, Any]], categories: Sequence[str] = ()) -> dict[str, Any]:
+def compute_metrics(records: Iterable[Prediction], categories: Sequence[str] = ()) -> dict[str, Any]:
     """Aggregate prediction records into ``metrics.json``'s structure.
 
     Args:
@@ -88,7 +91,7 @@ def compute_metrics(records: Iterable[dict[str, Any]], categories: Sequence[str]
         wrong predictions.
     """
     records = list(records)
-    by_cat: dict[str, list[dict[str, Any]]] = {}
+    by_cat: dict[str, list[Prediction]] = {}
     for r in records:
         by_cat.setdefault(r["category"] or "unknown", []).append(r)
     order = [c for c in categories if c in by_cat] + sorted(c for c in by_cat if c not in categories)
@@ -98,6 +101,88 @@ def compute_metrics(records: Iterable[dict[str, Any]], categories: Sequence[str]
         "per_category": {c: _rates(by_cat[c]) for c in order},
         "errors": {k: kinds.get(k, 0) for k in ERROR_KINDS},
         "error_analysis": analyze(records, categories),
+    }
+
+
+def finish_metrics(records: Sequence[Prediction], categories: Sequence[str], fallback: bool = False
+                   ) -> dict[str, Any]:
+    """The metrics of a run's records (an evaluation and the shard merge both get theirs here).
+
+    Args:
+        records: The final prediction records.
+        categories: Categories to list first.
+        fallback: Whether ``generation.fallback`` was on: adds ``single_pass`` (the metrics of
+            the first pass alone) and ``fallback`` (``fallback_metrics``).
+
+    Returns:
+        ``compute_metrics`` of the records, with ``generation`` (``generation_stats``: a
+        question's seconds and tokens include its correction) and the two fallback blocks.
+    """
+    metrics = compute_metrics(records, categories)
+    metrics["generation"] = generation_stats(records)
+    if fallback:
+        metrics["single_pass"] = compute_metrics([single_pass_view(r) for r in records], categories)
+        metrics["fallback"] = fallback_metrics(records)
+    return metrics
+
+
+def generation_stats(records: Sequence[Prediction]) -> dict[str, Any]:
+    """Seconds and tokens per question (over records that report them), and canonicalisation counts.
+
+    With the fallback on, a record's ``latency_s`` and token counts add up both of its
+    generations, so these are the cost of a question.
+
+    Returns:
+        ``{"seconds_per_question", "prompt_tokens", "completion_tokens"}`` (None when no record
+        reports them) and ``"canonicalized": {"considered", "snapped", "questions"}``.
+    """
+    def mean(key: str) -> float | None:
+        values = [r[key] for r in records if r.get(key) is not None]
+        return sum(values) / len(values) if values else None
+
+    snaps = [c for r in records for c in (r.get("canonicalized") or [])]
+    return {"seconds_per_question": mean("latency_s"), "prompt_tokens": mean("prompt_tokens"),
+            "completion_tokens": mean("completion_tokens"),
+            # generation.canonicalize: arguments outside the KB vocabulary, and how many were snapped.
+            "canonicalized": {"considered": len(snaps), "snapped": sum(bool(c.get("snapped")) for c in snaps),
+                              "questions": sum(any(c.get("snapped") for c in r.get("canonicalized") or [])
+                                               for r in records)}}
+
+
+def fallback_metrics(records: Sequence[Prediction]) -> dict[str, Any]:
+    """``metrics.json``'s ``fallback`` block (``cbr2.generation.fallback`` describes the records).
+
+    Returns:
+        ``fired`` (questions that got a correction) and ``fired_rate`` (of all), ``fixed``
+        (right after and not before) and ``fixed_rate_of_fired``, ``still_failing`` (fired,
+        still not right), ``kept_correction`` (corrections that replaced their first pass),
+        ``corrections`` (the corrections' own error kinds, ``right`` when right), ``after``
+        (final error kinds of the fired questions, ``right`` for the fixed ones),
+        ``by_error_kind`` (``{"fired", "fixed"}`` per single-pass error kind),
+        ``extra_seconds_per_question`` (the corrections' time over all questions) and
+        ``extra_seconds_per_fired``. Rates of nothing are None.
+    """
+    n = len(records)
+    fired = [r for r in records if (r.get("fallback") or {}).get("fired")]
+    fixed = sum(bool(r["fallback"]["fixed"]) for r in fired)
+    extra = sum(r["fallback"].get("latency_s") or 0.0 for r in fired)
+    by_kind = {kind: {"fired": 0, "fixed": 0} for kind in FIRES_ON}
+    for r in fired:
+        counts = by_kind.setdefault(r["single_pass"]["error_kind"], {"fired": 0, "fixed": 0})
+        counts["fired"] += 1
+        counts["fixed"] += bool(r["fallback"]["fixed"])
+    return {
+        "fired": len(fired),
+        "fired_rate": len(fired) / n if n else 0.0,
+        "fixed": fixed,
+        "fixed_rate_of_fired": fixed / len(fired) if fired else None,
+        "still_failing": len(fired) - fixed,
+        "kept_correction": sum(r["fallback"].get("kept") == "correction" for r in fired),
+        "corrections": dict(Counter(r["fallback"].get("error_kind") or "right" for r in fired)),
+        "after": dict(Counter(r["error_kind"] or "right" for r in fired)),
+        "by_error_kind": by_kind,
+        "extra_seconds_per_question": extra / n if n else None,
+        "extra_seconds_per_fired": extra / len(fired) if fired else None,
     }
 
 
@@ -164,6 +249,44 @@ def retrieval_metrics(gold_sketches: Sequence[Sequence[str]], view_sketches: dic
             "items": sum(len(items) for items in gold_items),
         }
     return out
+
+
+def merge_retrieval(blocks: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The ``retrieval`` block of a whole run from those of its shards.
+
+    Every rate in the block is a count divided by a count (hits over questions, found schema
+    items over items), so each shard's count is recovered exactly as ``round(rate * n)`` and
+    the merged rate is the same division an unsharded run does: equal to the last bit.
+
+    Args:
+        blocks: ``retrieval_metrics`` blocks of the shards (with ``seconds_per_question`` and
+            ``encoders``, as the runner writes them).
+
+    Returns:
+        The block an unsharded run would have written (its timing a weighted mean).
+
+    Raises:
+        ValueError: When the shards retrieved with different encoders.
+    """
+    n = sum(b["n"] for b in blocks)
+    merged: dict[str, Any] = {"n": n, "cases": {}}
+    for view, ranks in blocks[0]["cases"].items():
+        merged["cases"][view] = {
+            key: (sum(round(b["cases"][view][key] * b["n"]) for b in blocks) / n if n else 0.0) for key in ranks}
+    if "knowledge" in blocks[0]:
+        items = sum(b["knowledge"]["items"] for b in blocks)
+        merged["knowledge"] = {
+            key: (sum(round(b["knowledge"][key] * b["knowledge"]["items"]) for b in blocks) / items if items else 0.0)
+            for key in ("recall", "recall_ontology", "recall_facts")}
+        merged["knowledge"]["items"] = items
+    seconds = [b.get("seconds_per_question") for b in blocks]
+    if all(s is not None for s in seconds):
+        merged["seconds_per_question"] = sum(s * b["n"] for s, b in zip(seconds, blocks, strict=True)) / max(1, n)
+    encoders = [b.get("encoders") for b in blocks]
+    if any(e != encoders[0] for e in encoders):
+        raise ValueError(f"shards retrieved with different encoders: {encoders}")
+    merged["encoders"] = encoders[0]
+    return merged
 
 
 def paired_difference(a: Sequence[bool], b: Sequence[bool], resamples: int = 10_000, seed: int = 0,

@@ -1,6 +1,6 @@
 """``report.md``: the overall line, a per-category table in the layout of the paper's Table 3,
-error counts, the error analysis (grounding / logical), generation cost, retrieval metrics and
-provenance."""
+error counts, the fallback's effect, the error analysis (grounding / logical), generation cost,
+retrieval metrics and provenance."""
 
 from __future__ import annotations
 
@@ -57,8 +57,6 @@ def render_report(metrics: dict[str, Any], title: str) -> str:
                                f"the KB vocabulary snapped to a KB item, in {snaps['questions']} questions.")]
         lines += ["", "## Errors", "", "| kind | count |", "|---|---:|"]
         lines += [f"| {k} | {metrics['errors'].get(k, 0)} |" for k in ERROR_KINDS]
-        from cbr2.generation.fallback import render_fallback  # imports pct from here: import when used
-
         lines += render_fallback(metrics)
     if "error_analysis" in metrics:
         lines += render_error_analysis(metrics["error_analysis"], metrics.get("n"))
@@ -86,6 +84,36 @@ def per_category_table(metrics: dict[str, Any]) -> list[str]:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if any(c in KQAPRO_ABBREVIATIONS for c in cats):
         lines += ["", "; ".join(f"{a}: {c}" for c, a in KQAPRO_ABBREVIATIONS.items()) + "."]
+    return lines
+
+
+def render_fallback(metrics: dict[str, Any]) -> list[str]:
+    """``report.md`` lines comparing the single pass with the result after the fallback.
+
+    Args:
+        metrics: ``metrics.json``; without ``fallback`` and ``single_pass`` blocks there is
+            nothing to render (an empty list).
+    """
+    fb, single = metrics.get("fallback"), metrics.get("single_pass")
+    if not fb or not single:
+        return []
+    lines = ["", "## Fallback", "", "| | single pass | after fallback |", "|---|---:|---:|"]
+    for label, key in (("Hits@1 (%) ↑", "hits@1"), ("SER (%) ↓", "ser"), ("SER before repair (%) ↓", "ser_before_repair")):
+        lines.append(f"| {label} | {pct(single[key])} | {pct(metrics[key])} |")
+    of_fired = f" ({pct(fb['fixed_rate_of_fired'])}% of those)" if fb["fixed_rate_of_fired"] is not None else ""
+    lines += ["", (f"Fired on {fb['fired']} of {metrics['n']} questions ({pct(fb['fired_rate'])}%); "
+                   f"fixed {fb['fixed']}{of_fired}; {fb['still_failing']} still not right.")]
+    if fb["extra_seconds_per_question"] is not None:
+        per_fired = (f", {fb['extra_seconds_per_fired']:.2f} s per correction"
+                     if fb["extra_seconds_per_fired"] is not None else "")
+        lines.append(f"Extra generation: {fb['extra_seconds_per_question']:.2f} s per question{per_fired}.")
+    if fb["fired"]:
+        lines += ["", "| single-pass error | fired | fixed |", "|---|---:|---:|"]
+        lines += [f"| {kind} | {c['fired']} | {c['fixed']} |" for kind, c in fb["by_error_kind"].items()]
+        after = ", ".join(f"{kind} {count}" for kind, count in sorted(fb["after"].items()))
+        own = ", ".join(f"{kind} {count}" for kind, count in sorted((fb.get("corrections") or {}).items()))
+        lines += ["", (f"The corrections themselves: {own}; {fb.get('kept_correction', 0)} of {fb['fired']} failed "
+                       f"less visibly than their first pass and replaced it. Final results of these questions: {after}.")]
     return lines
 
 

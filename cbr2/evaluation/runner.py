@@ -1,6 +1,9 @@
 """The evaluation loop: questions → retrieval → prompts → one generation each (and, with
 ``generation.fallback``, one correction for each visible failure) → scored predictions →
-metrics, report and W&B.
+metrics, report and W&B (``run_folder.finish_run``).
+
+Which questions are judged is ``cbr2.evaluation.selection``'s; the folder, its config check,
+provenance and the predictions cache are ``cbr2.evaluation.run_folder``'s.
 
 ``predictions.jsonl`` is appended (and flushed) as answers come, so a crashed or interrupted
 run resumes where it stopped: questions already in the file are not generated again.
@@ -8,41 +11,35 @@ run resumes where it stopped: questions already in the file are not generated ag
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import platform
-import random
-import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from cbr2.common.console import Progress
-from cbr2.config import ablation_slug, canonical_ablation, git_hash, setting_of
-from cbr2.data.benchmarks import KQAPRO, Benchmark
-from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES, Question
-from cbr2.evaluation.browser import write_browser
-from cbr2.evaluation.metrics import compute_metrics, retrieval_metrics
-from cbr2.evaluation.records import append_record, read_records, records_by_id
-from cbr2.evaluation.run_report import write_report
-from cbr2.evaluation.scoring import score_completion
-from cbr2.evaluation.tracking import log_evaluation
-from cbr2.generation.fallback import (
-    build_correction,
-    corrected,
-    fallback_metrics,
-    first_pass,
-    is_pending,
-    single_pass_view,
+from cbr2.config import canonical_ablation
+from cbr2.data.benchmarks import Benchmark
+from cbr2.data.questions import Question
+from cbr2.evaluation.metrics import retrieval_metrics
+from cbr2.evaluation.records import Prediction, append_record
+from cbr2.evaluation.run_folder import (
+    check_same_config,
+    finish_run,
+    generation_key,
+    load_predictions,
+    output_dir,
+    provenance,
+    write_config,
 )
-from cbr2.generation.prompt import FALLBACK_VERSION, PROMPT_VERSION, PromptBuilder, prompt_hash
+from cbr2.evaluation.scoring import score_completion
+from cbr2.evaluation.selection import resolve_shard, select_questions, shard_of
+from cbr2.generation import canonicalize as canonicalization
+from cbr2.generation import grammar as grammars
+from cbr2.generation.fallback import build_correction, corrected, first_pass, is_pending
+from cbr2.generation.prompt import PromptBuilder, prompt_hash
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.sketch import schema_items, sketch
 from cbr2.kopl.text import FORMATS
@@ -54,102 +51,8 @@ from cbr2.retrieval.retriever import CASE_MODES, Retrieved, Retriever, check_ret
 
 log = logging.getLogger(__name__)
 
-IDENTITY_KEYS = ("data", "llm", "prompt", "generation", "retrieval", "structural")
-"""Config sections that decide what a prediction is; a resumed run must agree on them."""
-
 BATCH = 64
 """Questions per retrieval batch."""
-
-
-def output_dir(cfg: DictConfig, bench: Benchmark, retrieval_only: bool = False, ablation: str | None = None) -> Path:
-    """The run's folder: ``output_dir``, else ``outputs/{data.name}/{split}/{leaf}``.
-
-    The leaf is ``retrieval`` for ``--retrieval-only``, else ``llm.backend``, with
-    ``-{ablation}`` appended (``w/o_act`` → ``hf-wo_act``) when an ablation is selected.
-    """
-    if cfg.output_dir:
-        base = Path(cfg.output_dir)
-    else:
-        leaf = "retrieval" if retrieval_only else cfg.llm.backend
-        if ablation and not retrieval_only:
-            leaf += "-" + ablation_slug(ablation)
-        base = Path("outputs") / cfg.data.name / (cfg.data.split or bench.family.eval_split) / leaf
-    # Shards of one run sit side by side in its folder; `python -m cbr2.cluster.merge` fills the folder itself.
-    count = cfg.eval.num_shards or 1
-    return base / f"shard-{cfg.eval.shard}-of-{count}" if count > 1 else base
-
-
-def resolve_shard(cfg: DictConfig) -> None:
-    """Fill ``eval.num_shards`` and ``eval.shard``: as configured, else from the SLURM job array
-    (task position of ``$SLURM_ARRAY_TASK_COUNT``), else one shard.
-
-    Raises:
-        ValueError: On a shard outside ``[0, num_shards)`` or only one of the two set outside an array.
-    """
-    from cbr2.cluster.slurm import array_task
-
-    e = cfg.eval
-    if e.num_shards is None and e.shard is None:
-        e.shard, e.num_shards = array_task() or (0, 1)
-    elif e.shard is None:
-        task = array_task()
-        if e.num_shards > 1 and task is None:
-            raise ValueError(f"eval.num_shards={e.num_shards} needs eval.shard (0..{e.num_shards - 1}) outside a job array")
-        e.shard = task[0] if task and e.num_shards > 1 else 0
-    elif e.num_shards is None:
-        raise ValueError(f"eval.shard={e.shard} needs eval.num_shards")
-    if e.num_shards < 1 or not 0 <= e.shard < e.num_shards:
-        raise ValueError(f"eval.shard={e.shard} is not one of eval.num_shards={e.num_shards} shards (0..{e.num_shards - 1})")
-
-
-def shard_of(questions: Sequence[Question], shard: int, num_shards: int) -> list[Question]:
-    """Question i of the selection goes to shard ``i mod num_shards``: deterministic, and every
-    shard gets a near-equal share of each category of a balanced sample."""
-    return list(questions[shard::num_shards])
-
-
-def selection_sha256(questions: Sequence[Question]) -> str:
-    """SHA-256 of the question ids in order: what the evaluated questions were."""
-    return hashlib.sha256("\n".join(q.qid for q in questions).encode()).hexdigest()
-
-
-def run_title(bench_name: str, cfg: DictConfig, retrieval_only: bool, ablation: str | None) -> str:
-    """First heading of ``report.md``."""
-    return f"{bench_name} · {'retrieval' if retrieval_only else cfg.llm.backend}" + (f" · {ablation}" if ablation else "")
-
-
-def select_questions(bench: Benchmark, cfg: DictConfig) -> list[Question]:
-    """The evaluated questions: the configured split, optionally category-balanced, cut to ``eval.limit``.
-
-    With ``eval.per_category=N`` the split is shuffled with ``random.Random(eval.sample_seed)``
-    and the first N questions of each category are kept, in shuffled order (the few-shot
-    literature's KQA Pro 9 x 100 recipe with N = 100 and seed 123). ``eval.skip_per_category=S``
-    keeps questions S+1 .. S+N of each category instead: a sample disjoint from the first S of
-    each category (settings chosen on those are then measured on other questions).
-
-    Raises:
-        ValueError: If the split has no gold answers to score against.
-    """
-    questions = bench.questions(cfg.data.split)
-    skip = cfg.eval.skip_per_category
-    if skip < 0 or (skip and cfg.eval.per_category is None):
-        raise ValueError(f"eval.skip_per_category={skip}: must be at least 0, and needs eval.per_category")
-    if cfg.eval.per_category is not None:
-        shuffled = list(questions)
-        random.Random(cfg.eval.sample_seed).shuffle(shuffled)
-        taken: Counter[str] = Counter()
-        questions = []
-        for q in shuffled:
-            if taken[q.category] < skip + cfg.eval.per_category:
-                taken[q.category] += 1
-                if taken[q.category] > skip:  # the first `skip` of each category are another sample's
-                    questions.append(q)
-    if cfg.eval.limit is not None:
-        questions = questions[: cfg.eval.limit]
-    if any(q.answer is None for q in questions):
-        raise ValueError(f"{bench.name} split {cfg.data.split or bench.family.eval_split!r} has no gold answers "
-                         "(the official KQA Pro test set keeps them private); evaluate val instead")
-    return questions
 
 
 def _prepare(cfg: DictConfig, bench: Benchmark, retrieval_only: bool) -> None:
@@ -229,60 +132,18 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
     out.mkdir(parents=True, exist_ok=True)
     if not retrieval_only:
         check_same_config(out, cfg)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
-    title = run_title(bench.name, cfg, retrieval_only, ablation)
-    categories = KQAPRO_CATEGORIES if bench.family is KQAPRO else METAQA_CATEGORIES
-    prov = {**provenance(cfg, bench), "ablation": ablation, "setting": setting_of(cfg), "output_dir": str(out),
-            "question_ids_sha256": selection_sha256(questions)}
-    sharded = cfg.eval.num_shards > 1
-    if sharded:
-        prov["shard"] = {"index": cfg.eval.shard, "count": cfg.eval.num_shards, "selection_n": len(selection),
-                         "selection_sha256": selection_sha256(selection)}
+    write_config(out, cfg)
+    prov = provenance(cfg, bench, out, selection, ablation)
 
     retrieval, retrieved = run_retrieval(cfg, bench, questions, out, extra_views=VIEWS if retrieval_only else ())
-    if retrieval_only:
-        metrics = {"n": len(questions), "retrieval": retrieval, "provenance": prov}
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-        write_report(out / "report.md", metrics, title=title)
-        write_browser(out, bench)
-        return metrics
-
-    records = generate_and_score(cfg, bench, questions, build_prompts(cfg, questions, retrieved), out)
-    metrics = finish_metrics(records, categories, cfg.generation.fallback)
-    if retrieval is not None:
-        metrics["retrieval"] = retrieval
-    metrics["provenance"] = prov
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-    write_report(out / "report.md", metrics, title=title)
-    write_browser(out, bench)
-    if sharded:  # one W&B run per evaluation, not per shard: the merge logs it
-        log.info("shard %d of %d done; `python -m cbr2.cluster.merge` joins the shards and logs the run to W&B",
-                 cfg.eval.shard, cfg.eval.num_shards)
-    else:
-        log_evaluation(cfg.wandb, metrics, records, out, name=wandb_name(cfg, bench.name, ablation))
-    return metrics
-
-
-def wandb_name(cfg: DictConfig, bench_name: str, ablation: str | None) -> str:
-    """``wandb.name``, else ``{benchmark}-{backend}-{ablation or 'run'}``."""
-    return cfg.wandb.name or f"{bench_name}-{cfg.llm.backend}-{ablation or 'run'}"
-
-
-def generation_key(cfg: DictConfig, backend: Any) -> str:
-    """The predictions cache's second key: what besides the prompt decides a record.
-
-    The backend's identity (backend, model, sampling parameters, grammar), the ``generation``
-    section (constrained decoding and the fallback change what is generated, canonicalisation
-    how it is scored) and, with the fallback on, the correction prompt's version.
-    """
-    ident: dict[str, Any] = {"backend": backend.identity(), "generation": OmegaConf.to_container(cfg.generation)}
-    if cfg.generation.fallback:
-        ident["fallback_version"] = FALLBACK_VERSION
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    records: list[Prediction] | None = None  # None: a retrieval-only run
+    if not retrieval_only:
+        records = generate_and_score(cfg, bench, questions, build_prompts(cfg, questions, retrieved), out)
+    return finish_run(out, cfg, bench, prov, len(questions), records, retrieval)
 
 
 def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Question], prompts: Sequence[Prompt],
-                       out: Path) -> list[dict[str, Any]]:
+                       out: Path) -> list[Prediction]:
     """Generate what is not cached, score it, append it to ``predictions.jsonl`` as it comes.
 
     ``predictions.jsonl`` doubles as the cache: a record is reused when its prompt hash and
@@ -301,9 +162,8 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
     pred_path = out / "predictions.jsonl"
     grammar = None
     if gen.constrained:
-        from cbr2.generation.grammar import build_grammar
-
-        grammar = build_grammar(cfg, bench)
+        # Builders are looked up in their modules when called, so a test can swap one.
+        grammar = grammars.build_grammar(cfg, bench)
     backend = make_backend(cfg, questions, grammar=grammar)
     gen_key = generation_key(cfg, backend)
     hashes = [prompt_hash(p) for p in prompts]
@@ -320,15 +180,13 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
     executor = Executor(bench.kb, cfg.eval.timeout_s, engine=cfg.eval.executor)
     canonicalize = None
     if gen.canonicalize:
-        from cbr2.generation.canonicalize import build_canonicalizer
+        canonicalize = canonicalization.build_canonicalizer(cfg, bench)
 
-        canonicalize = build_canonicalizer(cfg, bench)
-
-    def score(text: str, i: int) -> dict[str, Any]:
+    def score(text: str, i: int) -> Prediction:
         return score_completion(text, questions[i], bench, executor, cfg.prompt.format, canonicalize=canonicalize)
 
     with pred_path.open("a", encoding="utf-8") as sink:
-        def write(record: dict[str, Any]) -> None:
+        def write(record: Prediction) -> None:
             append_record(sink, record)
             done[record["id"]] = record
 
@@ -361,8 +219,8 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
 
 
 def _correct(cfg: DictConfig, bench: Benchmark, canonicalize: Any, backend: Any,
-             failed: Sequence[tuple[int, Prompt, dict[str, Any]]], score: Callable[[str, int], dict[str, Any]],
-             write: Callable[[dict[str, Any]], None]) -> None:
+             failed: Sequence[tuple[int, Prompt, Prediction]], score: Callable[[str, int], Prediction],
+             write: Callable[[Prediction], None]) -> None:
     """The fallback's correction round: one prompt per failed first pass, all in one ``generate`` call.
 
     The same backend object generates (under the same grammar when constrained). Suggestions
@@ -379,9 +237,7 @@ def _correct(cfg: DictConfig, bench: Benchmark, canonicalize: Any, backend: Any,
     """
     start = time.perf_counter()
     if canonicalize is None:
-        from cbr2.generation.canonicalize import Canonicalizer
-
-        canonicalize = Canonicalizer(bench.kb.vocabulary)
+        canonicalize = canonicalization.Canonicalizer(bench.kb.vocabulary)
     corrections = [build_correction(prompt, record, bench.kb.vocabulary, canonicalize.nearest)
                    for _, prompt, record in failed]
     log.info("fallback: correcting %d failed programs", len(corrections))
@@ -396,47 +252,6 @@ def _correct(cfg: DictConfig, bench: Benchmark, canonicalize: Any, backend: Any,
             bar.update()
 
         backend.generate(corrections, on_result=on_result)
-
-
-def finish_metrics(records: Sequence[dict[str, Any]], categories: Sequence[str], fallback: bool = False
-                   ) -> dict[str, Any]:
-    """The metrics of a run's records (``run_evaluation`` and the shard merge both call this).
-
-    Args:
-        records: The final prediction records.
-        categories: Categories to list first.
-        fallback: Whether ``generation.fallback`` was on: adds ``single_pass`` (the metrics of
-            the first pass alone) and ``fallback`` (``cbr2.generation.fallback.fallback_metrics``).
-
-    Returns:
-        ``compute_metrics`` of the records, with ``generation`` (``generation_stats``: a
-        question's seconds and tokens include its correction) and the two fallback blocks.
-    """
-    metrics = compute_metrics(records, categories)
-    metrics["generation"] = generation_stats(records)
-    if fallback:
-        metrics["single_pass"] = compute_metrics([single_pass_view(r) for r in records], categories)
-        metrics["fallback"] = fallback_metrics(records)
-    return metrics
-
-
-def generation_stats(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Seconds and tokens per question (over records that report them).
-
-    With the fallback on, a record's ``latency_s`` and token counts add up both of its
-    generations, so these are the cost of a question.
-    """
-    def mean(key: str) -> float | None:
-        values = [r[key] for r in records if r.get(key) is not None]
-        return sum(values) / len(values) if values else None
-
-    snaps = [c for r in records for c in (r.get("canonicalized") or [])]
-    return {"seconds_per_question": mean("latency_s"), "prompt_tokens": mean("prompt_tokens"),
-            "completion_tokens": mean("completion_tokens"),
-            # generation.canonicalize: arguments outside the KB vocabulary, and how many were snapped.
-            "canonicalized": {"considered": len(snaps), "snapped": sum(bool(c.get("snapped")) for c in snaps),
-                              "questions": sum(any(c.get("snapped") for c in r.get("canonicalized") or [])
-                                               for r in records)}}
 
 
 def _retrieves(r: DictConfig, extra_views: Sequence[str] = ()) -> bool:
@@ -483,78 +298,3 @@ def run_retrieval(cfg: DictConfig, bench: Benchmark, questions: list[Question], 
     block["seconds_per_question"] = seconds / max(1, len(questions))
     block["encoders"] = {view: name for view, (name, _) in retriever.encoders.items()}
     return block, {item.query.qid: item for item in retrieved}
-
-
-def load_predictions(path: Path, repair: bool = False) -> dict[str, dict[str, Any]]:
-    """Records of an earlier (possibly interrupted) run, by question id (``records.read_records``).
-
-    A damaged last line (the process died mid-write) is dropped with a warning; with ``repair``
-    (the run about to append to the file) the file is also cut back to its last good record.
-    A question may appear again further down when its record was superseded: a fallback's
-    pending first pass by its final record, or a record whose prompt or generation key is no
-    longer this configuration's by one generated again. The newest record wins then.
-
-    Raises:
-        ValueError: Naming the file and line of a corrupt record before the last line, or both
-            lines of a question recorded twice with different content that supersedes nothing.
-    """
-    return records_by_id(path, read_records(path, repair=repair), supersedes=_supersedes)
-
-
-def _supersedes(new: dict[str, Any], old: dict[str, Any]) -> bool:
-    """Whether ``new`` may replace the earlier record ``old`` of the same question."""
-    stale = (new.get("prompt_hash"), new.get("generation_key")) != (old.get("prompt_hash"), old.get("generation_key"))
-    return stale or is_pending(old)
-
-
-def check_same_config(out: Path, cfg: DictConfig) -> None:
-    """Refuse to mix predictions of different configurations in one folder.
-
-    Raises:
-        ValueError: When the folder's ``config.yaml`` differs in an ``IDENTITY_KEYS`` section
-            (naming them), or cannot be read as a mapping (then nobody knows what wrote the
-            predictions beside it).
-    """
-    old_path = out / "config.yaml"
-    if not old_path.exists() or not (out / "predictions.jsonl").exists():
-        return
-    try:
-        old = OmegaConf.load(old_path)
-        problem = None if isinstance(old, DictConfig) else "not a mapping"
-    except (OSError, yaml.YAMLError) as err:
-        problem = " ".join(str(err).split())
-    if problem:
-        raise ValueError(f"{old_path} is not a readable config ({problem}), so what wrote the predictions beside it "
-                         "is unknown; choose another output_dir or delete the folder")
-
-    def section(node: DictConfig, key: str) -> Any:
-        value = node.get(key)
-        return OmegaConf.to_container(value) if isinstance(value, DictConfig) else value
-
-    diff = [k for k in IDENTITY_KEYS if section(old, k) != section(cfg, k)]
-    if diff:
-        raise ValueError(f"{out} holds predictions of a different configuration (sections {', '.join(diff)} differ); "
-                         "choose another output_dir or delete the folder")
-
-
-def provenance(cfg: DictConfig, bench: Benchmark) -> dict[str, Any]:
-    """What a result needs to be trusted and reproduced."""
-    versions = {}
-    for pkg in ("cbr2", "kopl", "omegaconf", "torch", "transformers", "sentence-transformers", "faiss-cpu",
-                "faiss-gpu-cu12", "vllm", "openai"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
-    return {
-        "config": OmegaConf.to_container(cfg),
-        "git": git_hash(),
-        "python": platform.python_version(),
-        "packages": versions,
-        "data_root": str(bench.root),
-        "split": cfg.data.split or bench.family.eval_split,
-        "prompt_version": PROMPT_VERSION,
-        "fallback_version": FALLBACK_VERSION if cfg.generation.fallback else None,
-        "seed": {"retrieval": cfg.retrieval.seed, "llm": cfg.llm.seed, "sample": cfg.eval.sample_seed},
-        "command": " ".join(sys.argv),
-    }

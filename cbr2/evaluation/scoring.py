@@ -21,6 +21,7 @@ from typing import Any
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.questions import Question, question_record
 from cbr2.evaluation.metrics import is_correct
+from cbr2.evaluation.records import Prediction
 from cbr2.generation.prompt import program_text
 from cbr2.kopl.checker import check_text
 from cbr2.kopl.executor import ExecutionError, Executor
@@ -43,7 +44,7 @@ Canonicalizer = Callable[[Program], tuple[Program, list[dict[str, Any]]]]
 
 
 def score_completion(completion: str, question: Question, bench: Benchmark, executor: Executor,
-                     fmt: str = "dag", canonicalize: Canonicalizer | None = None) -> dict[str, Any]:
+                     fmt: str = "dag", canonicalize: Canonicalizer | None = None) -> Prediction:
     """Judge what an LLM returned: its program text (``prompt.program_text``) is scored.
 
     Args:
@@ -71,7 +72,7 @@ def clipped_text(text: str) -> dict[str, Any]:
 
 
 def score_generation(text: str, question: Question, bench: Benchmark, executor: Executor,
-                     fmt: str = "dag", canonicalize: Canonicalizer | None = None) -> dict[str, Any]:
+                     fmt: str = "dag", canonicalize: Canonicalizer | None = None) -> Prediction:
     """Judge one generated program text against a question's gold answer; never raises.
 
     Args:
@@ -84,8 +85,8 @@ def score_generation(text: str, question: Question, bench: Benchmark, executor: 
             (``generation.canonicalize``); its snaps are recorded as ``canonicalized``.
 
     Returns:
-        A ``predictions.jsonl`` record: the question's gold side, ``generated``, ``program``
-        (DAG text of the parsed program or None), ``repairs``, ``answer``, ``values``,
+        A ``predictions.jsonl`` record (``records.Prediction``): the question's gold side,
+        ``generated``, ``program`` (DAG text of the parsed program or None), ``repairs``, ``answer``, ``values``,
         ``unknown_arguments`` (arguments naming no KB item of their slot, before any
         canonicalisation), ``canonicalized``, ``correct``, ``error_kind`` (None when right, else one of
         ``metrics.ERROR_KINDS``), ``error`` details and the two syntax flags SER counts.
@@ -104,8 +105,8 @@ def score_generation(text: str, question: Question, bench: Benchmark, executor: 
                                     "message": f"{type(err).__name__}: {str(err)[:500]}"})
 
 
-def _score(text: str, record: dict[str, Any], question: Question, bench: Benchmark, executor: Executor,
-           fmt: str, canonicalize: Canonicalizer | None) -> dict[str, Any]:
+def _score(text: str, record: Prediction, question: Question, bench: Benchmark, executor: Executor,
+           fmt: str, canonicalize: Canonicalizer | None) -> Prediction:
     raw = check_text(text, fmt)
     result, repairs = raw, []
     if not raw.ok:
@@ -133,5 +134,5 @@ def _score(text: str, record: dict[str, Any], question: Question, bench: Benchma
     return _fail(record, "wrong", None) if not record["correct"] else {**record, "error_kind": None, "error": None}
 
 
-def _fail(record: dict[str, Any], kind: str, error: dict[str, Any] | None) -> dict[str, Any]:
+def _fail(record: Prediction, kind: str, error: dict[str, Any] | None) -> Prediction:
     return {**record, "error_kind": kind, "error": error}

@@ -24,16 +24,18 @@ Record layout (``predictions.jsonl``) with the fallback on:
   only the correction for it.
 
 With the fallback off, records carry neither key: they are the single-pass records as before.
+The fallback's metrics are ``cbr2.evaluation.metrics.fallback_metrics``, its report section
+``cbr2.evaluation.run_report.render_fallback``.
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cbr2.evaluation.records import Prediction
 from cbr2.generation.prompt import EMPTY_ANSWER, FALLBACK_VERSION, Suggestion, correction_prompt, program_text
 from cbr2.kb.model import Vocabulary
 from cbr2.kopl.functions import get_spec
@@ -70,17 +72,17 @@ Nearest = Callable[..., list[tuple[str, float]]]
 _CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*\[((?:\\.|[^\[\]\\])*)\]", re.DOTALL)
 
 
-def fires(record: dict[str, Any]) -> bool:
+def fires(record: Prediction) -> bool:
     """Whether a scored first-pass record gets the correction round."""
     return record.get("error_kind") in FIRES_ON
 
 
-def is_pending(record: dict[str, Any]) -> bool:
+def is_pending(record: Prediction) -> bool:
     """Whether a record is a first pass still waiting for its correction."""
     return bool((record.get("fallback") or {}).get("pending"))
 
 
-def first_pass(record: dict[str, Any]) -> dict[str, Any]:
+def first_pass(record: Prediction) -> Prediction:
     """A scored first-pass record with the fallback fields: pending when it failed, else final."""
     single = {k: record.get(k) for k in SINGLE_PASS_FIELDS}
     return {**record, "single_pass": single, "fallback": {"pending": True} if fires(record) else {"fired": False}}
@@ -90,8 +92,8 @@ def _total(first: float | None, second: float | None) -> float | None:
     return None if first is None and second is None else (first or 0) + (second or 0)
 
 
-def corrected(first: dict[str, Any], second: dict[str, Any], completion: Completion, latency_s: float,
-              prompt_hash: str) -> dict[str, Any]:
+def corrected(first: Prediction, second: Prediction, completion: Completion, latency_s: float,
+              prompt_hash: str) -> Prediction:
     """The final record of a question whose fallback fired: the correction's result when it fails
     less visibly than the first pass (``VISIBLE_SEVERITY``), else the first pass's.
 
@@ -125,8 +127,13 @@ def corrected(first: dict[str, Any], second: dict[str, Any], completion: Complet
     }
 
 
-def _severity(record: dict[str, Any]) -> int:
+def _severity(record: Prediction) -> int:
     return VISIBLE_SEVERITY.get(record.get("error_kind"), 0)
+
+
+def single_pass_view(record: Prediction) -> Prediction:
+    """The record as the single pass left it (the record itself when it has no ``single_pass``)."""
+    return {**record, **(record.get("single_pass") or {})}
 
 
 # ---------------------------------------------------------------- the correction prompt
@@ -150,7 +157,7 @@ class Failure:
     unknown: tuple[dict[str, Any], ...]
 
     @classmethod
-    def of(cls, record: dict[str, Any]) -> Failure:
+    def of(cls, record: Prediction) -> Failure:
         """The failure of a scored record; its gold side (``gold_answer``, ``gold_program``) is left behind."""
         message = (record.get("error") or {}).get("message") or EMPTY_ANSWER
         return cls(program_text(record.get("generated") or ""), record["error_kind"], message,
@@ -215,7 +222,7 @@ def suggestions(args: Sequence[dict[str, Any]], nearest: Nearest) -> list[Sugges
     return out
 
 
-def build_correction(prompt: Prompt, record: dict[str, Any], vocab: Vocabulary, nearest: Nearest) -> Prompt:
+def build_correction(prompt: Prompt, record: Prediction, vocab: Vocabulary, nearest: Nearest) -> Prompt:
     """The correction prompt of a failed first-pass record.
 
     Args:
@@ -227,79 +234,3 @@ def build_correction(prompt: Prompt, record: dict[str, Any], vocab: Vocabulary, 
     failure = Failure.of(record)
     return correction_prompt(prompt, failure.text, failure.message,
                              suggestions(involved_arguments(failure, vocab), nearest))
-
-
-# ---------------------------------------------------------------------------- metrics
-
-def single_pass_view(record: dict[str, Any]) -> dict[str, Any]:
-    """The record as the single pass left it (the record itself when it has no ``single_pass``)."""
-    return {**record, **(record.get("single_pass") or {})}
-
-
-def fallback_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """``metrics.json``'s ``fallback`` block.
-
-    Returns:
-        ``fired`` (questions that got a correction) and ``fired_rate`` (of all), ``fixed``
-        (right after and not before) and ``fixed_rate_of_fired``, ``still_failing`` (fired,
-        still not right), ``kept_correction`` (corrections that replaced their first pass),
-        ``corrections`` (the corrections' own error kinds, ``right`` when right), ``after`` (final error kinds of the fired questions, ``right`` for
-        the fixed ones), ``by_error_kind`` (``{"fired", "fixed"}`` per single-pass error kind),
-        ``extra_seconds_per_question`` (the corrections' time over all questions) and
-        ``extra_seconds_per_fired``. Rates of nothing are None.
-    """
-    n = len(records)
-    fired = [r for r in records if (r.get("fallback") or {}).get("fired")]
-    fixed = sum(bool(r["fallback"]["fixed"]) for r in fired)
-    extra = sum(r["fallback"].get("latency_s") or 0.0 for r in fired)
-    by_kind = {kind: {"fired": 0, "fixed": 0} for kind in FIRES_ON}
-    for r in fired:
-        counts = by_kind.setdefault(r["single_pass"]["error_kind"], {"fired": 0, "fixed": 0})
-        counts["fired"] += 1
-        counts["fixed"] += bool(r["fallback"]["fixed"])
-    return {
-        "fired": len(fired),
-        "fired_rate": len(fired) / n if n else 0.0,
-        "fixed": fixed,
-        "fixed_rate_of_fired": fixed / len(fired) if fired else None,
-        "still_failing": len(fired) - fixed,
-        "kept_correction": sum(r["fallback"].get("kept") == "correction" for r in fired),
-        "corrections": dict(Counter(r["fallback"].get("error_kind") or "right" for r in fired)),
-        "after": dict(Counter(r["error_kind"] or "right" for r in fired)),
-        "by_error_kind": by_kind,
-        "extra_seconds_per_question": extra / n if n else None,
-        "extra_seconds_per_fired": extra / len(fired) if fired else None,
-    }
-
-
-def render_fallback(metrics: dict[str, Any]) -> list[str]:
-    """``report.md`` lines comparing the single pass with the result after the fallback.
-
-    Args:
-        metrics: ``metrics.json``; without ``fallback`` and ``single_pass`` blocks there is
-            nothing to render (an empty list).
-    """
-    # Imported here: report.py may import this module to render the section.
-    from cbr2.evaluation.run_report import pct
-
-    fb, single = metrics.get("fallback"), metrics.get("single_pass")
-    if not fb or not single:
-        return []
-    lines = ["", "## Fallback", "", "| | single pass | after fallback |", "|---|---:|---:|"]
-    for label, key in (("Hits@1 (%) ↑", "hits@1"), ("SER (%) ↓", "ser"), ("SER before repair (%) ↓", "ser_before_repair")):
-        lines.append(f"| {label} | {pct(single[key])} | {pct(metrics[key])} |")
-    of_fired = f" ({pct(fb['fixed_rate_of_fired'])}% of those)" if fb["fixed_rate_of_fired"] is not None else ""
-    lines += ["", (f"Fired on {fb['fired']} of {metrics['n']} questions ({pct(fb['fired_rate'])}%); "
-                   f"fixed {fb['fixed']}{of_fired}; {fb['still_failing']} still not right.")]
-    if fb["extra_seconds_per_question"] is not None:
-        per_fired = (f", {fb['extra_seconds_per_fired']:.2f} s per correction"
-                     if fb["extra_seconds_per_fired"] is not None else "")
-        lines.append(f"Extra generation: {fb['extra_seconds_per_question']:.2f} s per question{per_fired}.")
-    if fb["fired"]:
-        lines += ["", "| single-pass error | fired | fixed |", "|---|---:|---:|"]
-        lines += [f"| {kind} | {c['fired']} | {c['fixed']} |" for kind, c in fb["by_error_kind"].items()]
-        after = ", ".join(f"{kind} {count}" for kind, count in sorted(fb["after"].items()))
-        own = ", ".join(f"{kind} {count}" for kind, count in sorted((fb.get("corrections") or {}).items()))
-        lines += ["", (f"The corrections themselves: {own}; {fb.get('kept_correction', 0)} of {fb['fired']} failed "
-                       f"less visibly than their first pass and replaced it. Final results of these questions: {after}.")]
-    return lines

@@ -1,20 +1,20 @@
 """The project's own KoPL engine: the function table run on indexes built once from the ``KB``.
 
 ``Engine(kb)`` reads the KB model without copying it (the reference engine, PyPI ``kopl``,
-needs a deep copy because it rewrites what it is given) and builds compact indexes: names →
-node ids, concept → members (the reference engine's subclass closure), per-(key, node)
-attribute facts with parsed values and qualifiers, per-(relation, direction, node)
-neighbours with qualifiers, forward facts by subject and by object, key → value type. Nodes
-are small integers in the reference engine's order (concepts, then entities), so an entity
-set is a ``frozenset`` of ints and set operations are C loops. A KB from the KB store
+needs a deep copy because it rewrites what it is given) and builds compact indexes
+(``cbr2.kopl.indexes``): names → node ids, concept → members (the reference engine's subclass
+closure), per-(key, node) attribute facts with parsed values and qualifiers, per-(relation,
+direction, node) neighbours with qualifiers, forward facts by subject and by object, key → value
+type. Nodes are small integers in the reference engine's order (concepts, then entities), so an
+entity set is a ``frozenset`` of ints and set operations are C loops. A KB from the KB store
 (``cbr2.kb.store``) carries the indexes ``indexes()`` gave when its entry was built; the
 engine takes those (``_adopt``) and reads none of the KB's entities.
 
 Each method named after a KoPL function takes what the reference method takes (step results,
 then the textual arguments) and gives the same answers; ``answer`` turns the last result into
-what ``Executor.run`` returns. Values are tuples ``(type, value, unit)``: ``("quantity", 155.0,
-"centimetre")``, ``("year", 1903, None)``, ``("date", date(1867, 11, 7), None)``,
-``("string", "female", None)``. Comparisons follow ``kopl.util.comp`` case by case: a time
+what ``Executor.run`` returns. Values (``cbr2.kopl.values``) are tuples ``(type, value,
+unit)``: ``("quantity", 155.0, "centimetre")``, ``("year", 1903, None)``, ``("date",
+date(1867, 11, 7), None)``, ``("string", "female", None)``. Comparisons follow ``kopl.util.comp`` case by case: a time
 target's ``=`` means "lies in" (a date lies in its year; a year never lies in a date),
 ``<``/``>`` between a year and a date compare years, quantities compare only with the same
 unit, and a value of another type never matches. Literals are parsed as the reference engine
@@ -75,132 +75,16 @@ predicate shows it is one of the first two.
 from __future__ import annotations
 
 import gc
-import operator
-import re
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator
-from datetime import date
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from cbr2.kb.model import KB, format_number
-from cbr2.kopl.executor import ExecutionError
+from cbr2.kb.model import KB
+from cbr2.kopl.errors import ExecutionError
+from cbr2.kopl.indexes import INDEX_FORMAT, Fact, build_indexes, by_name
+from cbr2.kopl.values import DATE, QUANTITY, STRING, YEAR, Value, format_value, matcher, parse_literal
 
-STRING, QUANTITY, YEAR, DATE = "string", "quantity", "year", "date"
-Value = tuple[str, Any, "str | None"]
-"""``(type, value, unit)``; ``unit`` is None except for quantities."""
-
-_EMPTY: dict[str, tuple[Value, ...]] = {}  # the qualifiers of most facts (never written to)
-_NEGATIVE_DATE = re.compile(r"^-(\d+)[-/]\d+[-/]\d+$")
-_OPS: dict[str, Callable[[Any, Any], bool]] = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt}
-
-Fact = tuple[int, dict[str, tuple[Value, ...]]]
-"""A selected node and the qualifiers of the fact that selected it."""
-
-
-# ----------------------------------------------------------------------------- values
-
-def _parse_time(text: str) -> Value:
-    # The reference engine's rule: a '/' or a '-' not in front makes a date, else a year.
-    if "/" in text or ("-" in text and text[0] != "-"):
-        sep = "/" if "/" in text else "-"
-        p1, p2 = text.find(sep), text.rfind(sep)
-        return (DATE, date(int(text[:p1]), int(text[p1 + 1:p2]), int(text[p2 + 1:])), None)
-    return (YEAR, int(text), None)
-
-
-def parse_literal(text: str, typ: str) -> Value:
-    """A program's literal as the reference engine reads it (``_parse_key_value``).
-
-    Args:
-        text: The literal (``"155 centimetre"``, ``"1998-07-16"``, ``"1998"``, ``"female"``).
-        typ: ``string``, ``quantity``, or anything else for a time (year or date by form).
-
-    Raises:
-        ValueError, IndexError: Where the reference engine raises them (``float("abc")``,
-            a month 13, a quantity of spaces only).
-    """
-    if typ == STRING:
-        return (STRING, text, None)
-    if typ == QUANTITY:
-        if " " in text:
-            parts = text.split()
-            number, unit = parts[0], " ".join(parts[1:])
-        else:
-            number, unit = text, "1"
-        return (QUANTITY, float(number), unit)
-    return _parse_time(text)
-
-
-def _kb_value(raw: dict[str, Any]) -> Value:
-    typ = raw["type"]
-    if typ == STRING:
-        return (STRING, raw["value"], None)
-    if typ == QUANTITY:
-        return (QUANTITY, float(raw["value"]), raw.get("unit", "1"))
-    text = str(raw["value"])
-    try:
-        return _parse_time(text)
-    except ValueError:
-        m = _NEGATIVE_DATE.match(text)
-        if m:
-            return (YEAR, -int(m.group(1)), None)
-        raise ValueError(f"{text!r} is neither a date (yyyy-mm-dd, yyyy/mm/dd) nor a year") from None
-
-
-def format_value(value: Value) -> str:
-    """The answer text of a value, as ``executor.format_engine_value`` writes the reference's."""
-    typ, x, unit = value
-    if typ == QUANTITY:
-        number = format_number(x)
-        return number if unit == "1" else f"{number} {unit}"
-    if typ == DATE:
-        return x.isoformat()
-    return str(x)
-
-
-def matcher(target: Value, op: str) -> Callable[[Value], bool]:
-    """``lambda v: v.can_compare(target) and comp(v, target, op)`` of the reference engine.
-
-    ``v`` is a KB value, ``target`` the program's literal. Strings compare with ``=`` and
-    ``!=`` only (the reference raises on ``<`` between strings, so does this, lazily, when it
-    meets one); an unknown ``op`` raises ``TypeError``-coded errors where the reference does.
-    """
-    typ, x, unit = target
-    cmp = _OPS.get(op)
-    if cmp is None:
-        def unknown(v: Value) -> bool:
-            if _comparable(v, target):
-                raise ExecutionError("TypeError", f"unsupported comparison operator {op!r}")
-            return False
-        return unknown
-    if typ == STRING:
-        if op in ("<", ">"):
-            def strings(v: Value) -> bool:
-                if v[0] == STRING:
-                    raise ExecutionError("Exception", f"cannot compare strings with {op!r}")
-                return False
-            return strings
-        return lambda v: v[0] == STRING and cmp(v[1], x)
-    if typ == QUANTITY:
-        return lambda v: v[0] == QUANTITY and v[2] == unit and cmp(v[1], x)
-    if typ == YEAR:
-        # '=' is "lies in the year": a date by its year; '<' and '>' compare years too.
-        return lambda v: (v[0] == YEAR and cmp(v[1], x)) or (v[0] == DATE and cmp(v[1].year, x))
-    # A date target: a year never lies in a date ('=' false, '!=' true), '<'/'>' by years.
-    if op == "=":
-        return lambda v: v[0] == DATE and v[1] == x
-    if op == "!=":
-        return lambda v: v[0] == YEAR or (v[0] == DATE and v[1] != x)
-    year = x.year
-    return lambda v: (v[0] == DATE and cmp(v[1], x)) or (v[0] == YEAR and cmp(v[1], year))
-
-
-def _comparable(v: Value, target: Value) -> bool:
-    if v[0] == STRING:
-        return target[0] == STRING
-    if v[0] == QUANTITY:
-        return target[0] == QUANTITY and target[2] == v[2]
-    return target[0] in (YEAR, DATE)
+__all__ = ["INDEX_FORMAT", "Engine", "Entities", "Values"]  # INDEX_FORMAT: read by the KB store
 
 
 # ----------------------------------------------------------------------------- step results
@@ -232,17 +116,6 @@ class Values(list):
 
 
 # ----------------------------------------------------------------------------- the engine
-
-INDEX_FORMAT = 1
-"""Version of what ``Engine.indexes`` returns; the KB store keys its entries on it (bump on change)."""
-
-
-def _by_name(names: list[str | None]) -> dict[str | None, frozenset[int]]:
-    by_name: dict[str | None, list[int]] = defaultdict(list)
-    for n, name in enumerate(names):
-        by_name[name].append(n)
-    return {name: frozenset(ns) for name, ns in by_name.items()}
-
 
 class Engine:
     """KoPL functions over indexes of one KB (see the module docstring for the semantics).
@@ -287,112 +160,15 @@ class Engine:
         self._node = {i: n for n, i in enumerate(indexes["ids"])}
         self._names = indexes["names"]
         self.all = frozenset(range(indexes["nodes"]))
-        self._by_name = _by_name(self._names[:indexes["nodes"]])
+        self._by_name = by_name(self._names[:indexes["nodes"]])
         self._members = indexes["members"]
-        self._concept_cache = {}
+        self._concept_cache: dict[str, frozenset[int]] = {}
         self._attrs, self._rels = indexes["attrs"], indexes["rels"]
         self._forward, self._backward = indexes["forward"], indexes["backward"]
         self._key_type = indexes["key_type"]
 
     def _build(self, kb: KB) -> None:
-        # The reference engine's one id space: concepts, then entities (an id that is both is
-        # the entity, at the concept's place, as a dict update leaves it).
-        parents: dict[str, list[str]] = {cid: con.get("subclassOf", []) for cid, con in kb.concepts.items()}
-        names = {cid: con["name"] for cid, con in kb.concepts.items()}
-        for eid, ent in kb.entities.items():
-            parents[eid] = ent.get("instanceOf", [])
-            names[eid] = ent["name"]
-        ids = list(parents)
-        self._node = node = {i: n for n, i in enumerate(ids)}
-        self._names: list[str | None] = [names[i] for i in ids]
-        self.all = frozenset(range(len(ids)))
-        self._by_name = _by_name(self._names)
-
-        # Concept membership: every node is a member of each node reachable from its parents
-        # (a parent that is the node itself is skipped; a cycle still reaches it).
-        reach: dict[str, frozenset[int]] = {}
-
-        def closure(p: str) -> frozenset[int]:
-            if p not in reach:
-                seen, todo = set(), [p]
-                while todo:
-                    c = todo.pop()
-                    if c in node and c not in seen:
-                        seen.add(c)
-                        todo.extend(parents[c])
-                reach[p] = frozenset(node[c] for c in seen)
-            return reach[p]
-
-        members: dict[int, set[int]] = defaultdict(set)
-        ancestors_of: dict[tuple[str, ...], frozenset[int]] = {}
-        for i, ps in parents.items():
-            key = tuple(ps)
-            if i in key:
-                anc = frozenset().union(*(closure(p) for p in key if p != i and p in node))
-            else:
-                if key not in ancestors_of:
-                    ancestors_of[key] = frozenset().union(*(closure(p) for p in key if p in node))
-                anc = ancestors_of[key]
-            n = node[i]
-            for c in anc:
-                members[c].add(n)
-        self._members = members
-        self._concept_cache: dict[str, frozenset[int]] = {}
-
-        # Attribute and relation facts, and the key types the reference engine reads its
-        # literals with (last value in KB order wins; years are dates).
-        attrs: dict[str, dict[int, list[tuple[Value, dict[str, tuple[Value, ...]]]]]] = defaultdict(dict)
-        rels: dict[tuple[str, str], dict[int, list[Fact]]] = defaultdict(dict)
-        forward: dict[int, list[tuple[str, int, dict[str, tuple[Value, ...]]]]] = defaultdict(list)
-        backward: dict[int, list[tuple[str, int, dict[str, tuple[Value, ...]]]]] = defaultdict(list)
-        key_type: dict[str, str] = {}
-
-        def qualifiers(raw: dict[str, list[dict[str, Any]]] | None) -> dict[str, tuple[Value, ...]]:
-            if not raw:
-                return _EMPTY
-            for qk, qvs in raw.items():
-                for qv in qvs:
-                    key_type[qk] = qv["type"]
-            return {qk: tuple(_kb_value(qv) for qv in qvs) for qk, qvs in raw.items()}
-
-        def add_relation(n: int, rel: dict[str, Any], quals: dict[str, tuple[Value, ...]]) -> None:
-            obj = self._node_of(rel["object"])
-            rels[(rel["relation"], rel["direction"])].setdefault(n, []).append((obj, quals))
-            if rel["direction"] == "forward":
-                forward[n].append((rel["relation"], obj, quals))
-                backward[obj].append((rel["relation"], n, quals))
-
-        concepts = kb.concepts
-        for eid, ent in kb.entities.items():
-            n = node[eid]
-            try:
-                for attr in ent.get("attributes", ()):
-                    key = attr["key"]
-                    key_type[key] = attr["value"]["type"]
-                    value = _kb_value(attr["value"])
-                    attrs[key].setdefault(n, []).append((value, qualifiers(attr.get("qualifiers"))))
-                rel_quals = [qualifiers(rel.get("qualifiers")) for rel in ent.get("relations", ())]
-            except ValueError as err:
-                raise ValueError(f"{kb.source}: entity {eid!r}: {err}") from None
-            for rel, quals in zip(ent.get("relations", ()), rel_quals):
-                add_relation(n, rel, quals)
-                if rel["object"] in concepts:
-                    # The reference engine stores a concept's relations on the concept, reversed.
-                    flipped = "backward" if rel["direction"] == "forward" else "forward"
-                    add_relation(node[rel["object"]], {"relation": rel["relation"], "direction": flipped,
-                                                       "object": eid}, quals)
-        self._attrs = dict(attrs)
-        self._rels = dict(rels)
-        self._forward = dict(forward)
-        self._backward = dict(backward)
-        self._key_type = {k: DATE if t == YEAR else t for k, t in key_type.items()}
-
-    def _node_of(self, item_id: str) -> int:
-        n = self._node.get(item_id)
-        if n is None:  # a dangling object (the schema check forbids it): a node without a name
-            n = self._node[item_id] = len(self._names)
-            self._names.append(None)
-        return n
+        self._adopt(build_indexes(kb))
 
     # ------------------------------------------------------------------ helpers
 

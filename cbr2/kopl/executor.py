@@ -23,20 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from cbr2.kb.model import KB, format_number
+from cbr2.kopl.engine import Engine
+from cbr2.kopl.errors import ExecutionError
 from cbr2.kopl.functions import canonical_name, get_spec
 from cbr2.kopl.program import Program
-
-
-class ExecutionError(RuntimeError):
-    """A program that could not be executed; ``code`` says why (e.g. ``unknown_entity``)."""
-
-    def __init__(self, code: str, message: str):
-        self.code = code
-        super().__init__(f"execution error [{code}]: {message}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready description (used in ``predictions.jsonl``)."""
-        return {"kind": "execution", "code": self.code, "message": str(self)}
 
 
 @contextlib.contextmanager
@@ -121,8 +111,6 @@ class Executor:
             with quiet():
                 self.engine = KoPLEngine(kb.to_kopl_dict())
         else:
-            from cbr2.kopl.engine import Engine  # imports this module's ExecutionError
-
             self.engine = Engine(kb)
 
     def ground(self, program: Program) -> None:

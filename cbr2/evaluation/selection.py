@@ -1,0 +1,158 @@
+"""Which questions an evaluation judges: the selection, its shards, and the hashes that pin them.
+
+The selection is the configured split, optionally category-balanced, cut to ``eval.limit``.
+A sharded run (``eval.num_shards=N``) judges question i of the selection in shard
+``i mod N``; each shard records the sha256 of its own question ids and of the whole
+selection, so the merge (``cbr2.cluster.merge``) can prove that the shards it joins are the
+shares of one selection, built from the same data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from omegaconf import DictConfig
+
+from cbr2.cluster.slurm import array_task
+from cbr2.data.benchmarks import KQAPRO, Benchmark
+from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES, Question
+
+
+def select_questions(bench: Benchmark, cfg: DictConfig) -> list[Question]:
+    """The evaluated questions: the configured split, optionally category-balanced, cut to ``eval.limit``.
+
+    With ``eval.per_category=N`` the split is shuffled with ``random.Random(eval.sample_seed)``
+    and the first N questions of each category are kept, in shuffled order (the few-shot
+    literature's KQA Pro 9 x 100 recipe with N = 100 and seed 123). ``eval.skip_per_category=S``
+    keeps questions S+1 .. S+N of each category instead: a sample disjoint from the first S of
+    each category (settings chosen on those are then measured on other questions).
+
+    Args:
+        bench: The benchmark whose split is read.
+        cfg: The whole configuration (``data.split`` and the ``eval`` section are read).
+
+    Returns:
+        The selected questions, in evaluation order.
+
+    Raises:
+        ValueError: If the split has no gold answers to score against, or on a
+            ``skip_per_category`` without ``per_category``.
+    """
+    questions = bench.questions(cfg.data.split)
+    skip = cfg.eval.skip_per_category
+    if skip < 0 or (skip and cfg.eval.per_category is None):
+        raise ValueError(f"eval.skip_per_category={skip}: must be at least 0, and needs eval.per_category")
+    if cfg.eval.per_category is not None:
+        shuffled = list(questions)
+        random.Random(cfg.eval.sample_seed).shuffle(shuffled)
+        taken: Counter[str] = Counter()
+        questions = []
+        for q in shuffled:
+            if taken[q.category] < skip + cfg.eval.per_category:
+                taken[q.category] += 1
+                if taken[q.category] > skip:  # the first `skip` of each category are another sample's
+                    questions.append(q)
+    if cfg.eval.limit is not None:
+        questions = questions[: cfg.eval.limit]
+    if any(q.answer is None for q in questions):
+        raise ValueError(f"{bench.name} split {cfg.data.split or bench.family.eval_split!r} has no gold answers "
+                         "(the official KQA Pro test set keeps them private); evaluate val instead")
+    return questions
+
+
+def categories_of(bench: Benchmark) -> tuple[str, ...]:
+    """The benchmark's categories in the order metrics and reports list them first."""
+    return KQAPRO_CATEGORIES if bench.family is KQAPRO else METAQA_CATEGORIES
+
+
+def resolve_shard(cfg: DictConfig) -> None:
+    """Fill ``eval.num_shards`` and ``eval.shard``: as configured, else from the SLURM job array
+    (task position of ``$SLURM_ARRAY_TASK_COUNT``), else one shard.
+
+    Args:
+        cfg: The whole configuration; its ``eval`` section is completed in place.
+
+    Raises:
+        ValueError: On a shard outside ``[0, num_shards)`` or only one of the two set outside an array.
+    """
+    e = cfg.eval
+    if e.num_shards is None and e.shard is None:
+        e.shard, e.num_shards = array_task() or (0, 1)
+    elif e.shard is None:
+        task = array_task()
+        if e.num_shards > 1 and task is None:
+            raise ValueError(f"eval.num_shards={e.num_shards} needs eval.shard (0..{e.num_shards - 1}) outside a job array")
+        e.shard = task[0] if task and e.num_shards > 1 else 0
+    elif e.num_shards is None:
+        raise ValueError(f"eval.shard={e.shard} needs eval.num_shards")
+    if e.num_shards < 1 or not 0 <= e.shard < e.num_shards:
+        raise ValueError(f"eval.shard={e.shard} is not one of eval.num_shards={e.num_shards} shards (0..{e.num_shards - 1})")
+
+
+def shard_of(questions: Sequence[Question], shard: int, num_shards: int) -> list[Question]:
+    """Question i of the selection goes to shard ``i mod num_shards``: deterministic, and every
+    shard gets a near-equal share of each category of a balanced sample.
+
+    Args:
+        questions: The whole selection.
+        shard: This shard's index, in ``[0, num_shards)``.
+        num_shards: How many shards share the selection.
+
+    Returns:
+        The shard's questions, in selection order.
+    """
+    return list(questions[shard::num_shards])
+
+
+def selection_sha256(questions: Sequence[Question]) -> str:
+    """SHA-256 of the question ids in order: what the evaluated questions were."""
+    return hashlib.sha256("\n".join(q.qid for q in questions).encode()).hexdigest()
+
+
+def selection_provenance(selection: Sequence[Question], shard: int, num_shards: int) -> dict[str, Any]:
+    """What ``metrics.json``'s provenance records about the questions a run (or shard) judged.
+
+    Args:
+        selection: The whole selection.
+        shard: The run's shard index (0 for an unsharded run).
+        num_shards: How many shards share the selection (1 for an unsharded run).
+
+    Returns:
+        ``{"question_ids_sha256"}`` of the judged questions, plus, for a shard, ``"shard":
+        {"index", "count", "selection_n", "selection_sha256"}`` (what ``check_shard`` reads back).
+    """
+    prov: dict[str, Any] = {"question_ids_sha256": selection_sha256(shard_of(selection, shard, num_shards))}
+    if num_shards > 1:
+        prov["shard"] = {"index": shard, "count": num_shards, "selection_n": len(selection),
+                         "selection_sha256": selection_sha256(selection)}
+    return prov
+
+
+def check_shard(selection: Sequence[Question], provenance: dict[str, Any], where: str, data_name: str) -> list[Question]:
+    """The questions of one finished shard, after checking that it judged its share of ``selection``.
+
+    Args:
+        selection: The selection rebuilt now from the shards' shared configuration.
+        provenance: The shard's ``metrics.json`` provenance (as ``selection_provenance`` wrote it).
+        where: The shard's folder, for the error message.
+        data_name: ``data.name`` of the selection, for the error message.
+
+    Returns:
+        The shard's questions (``shard_of`` the selection), in selection order.
+
+    Raises:
+        ValueError: When the selection is not the one the shard was cut from (the data changed
+            since it ran), or the shard's questions are not its share of it.
+    """
+    info = provenance["shard"]
+    if selection_sha256(selection) != info["selection_sha256"]:
+        raise ValueError(f"the selection of {data_name} ({len(selection)} questions) is not the one the shards "
+                         f"evaluated ({info['selection_n']}): the data changed since they ran")
+    expected = shard_of(selection, info["index"], info["count"])
+    if provenance.get("question_ids_sha256") != selection_sha256(expected):
+        raise ValueError(f"{where}: its questions are not shard {info['index']} of {info['count']} of this selection")
+    return expected
