@@ -27,7 +27,8 @@ from cbr2.retrieval.cache import EmbeddingStore
 from cbr2.retrieval.cases import Query
 from cbr2.retrieval.encoders import encode, load_encoder
 from cbr2.retrieval.index import INDEX_KINDS, build_index, search
-from cbr2.retrieval.retriever import Retriever, resolve_structural
+from cbr2.retrieval.retriever import Retriever
+from cbr2.structural.on_demand import resolve_structural
 
 
 def _timed(fn):

@@ -10,13 +10,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 from omegaconf import DictConfig
 
-from cbr2.config import CONFIG_DIR, TrainConfig, load_config
-from cbr2.data.benchmarks import METAQA, Benchmark
+from cbr2.data.benchmarks import Benchmark
 from cbr2.retrieval.cache import EmbeddingStore, cache_root
 from cbr2.retrieval.cases import VIEWS, Case, CaseRetriever, Query, Ranking
 from cbr2.retrieval.encoders import encode, load_encoder, pick_device, weights_fingerprint
@@ -177,49 +175,3 @@ class Retriever:
             self._case_knowledge.update(zip(missing, found, strict=True))
         for item in items:
             item.case_knowledge = [self._case_knowledge[position[c.question.qid]] for c in item.cases]
-
-
-def resolve_structural(cfg: DictConfig, bench: Benchmark) -> str:
-    """The structural retriever evaluation uses.
-
-    Order: ``structural.checkpoint`` when set (a folder, or any encoder name, e.g. the
-    untrained backbone for comparison); else the newest checkpoint trained on ``data.name``;
-    for MetaQA, else the newest trained on the matching KQA Pro benchmark (the paper reuses
-    the KQA Pro retriever for MetaQA); for the embedded benchmarks, else one trained now
-    with ``train.py``'s defaults.
-
-    Raises:
-        ValueError: When none exists, with the ``train.py`` command that makes one.
-    """
-    if cfg.structural.checkpoint:
-        return str(cfg.structural.checkpoint)
-    from cbr2.structural.checkpoints import find_checkpoint
-    where = Path(cfg.structural.checkpoints_dir)
-    candidates = [cfg.data.name]
-    if bench.family is METAQA:
-        candidates.append(cfg.data.name.replace("metaqa", "kqapro"))
-    for name in candidates:
-        found = find_checkpoint(where, name)
-        if found is not None:
-            if name != cfg.data.name:
-                log.info("no structural retriever trained on %s; using %s's (as the paper does)", cfg.data.name, name)
-            log.info("structural retriever: %s", found)
-            return str(found)
-    train_on = candidates[-1]
-    if not train_on.startswith("mini-"):
-        # For MetaQA the command trains on KQA Pro, whose folder is not MetaQA's data.root.
-        root = f" data.root={cfg.data.root}" if cfg.data.root and train_on == cfg.data.name else " data.root=DIR"
-        raise ValueError(f"no structural retriever for {cfg.data.name} in {where}/; train one with "
-                         f"`python train.py data.name={train_on}{root}` or set structural.checkpoint=PATH")
-    from cbr2.locks import build_lock
-    from cbr2.structural.train import train
-
-    with build_lock(where / f"structural-{train_on}", f"the {train_on} structural retriever"):
-        found = find_checkpoint(where, train_on)  # trained by another job while this one waited?
-        if found is not None:
-            return str(found)
-        log.warning("no structural retriever for %s in %s/; training one now (python train.py data.name=%s)",
-                    cfg.data.name, where, train_on)
-        train_cfg = load_config([f"data.name={train_on}", f"structural.checkpoints_dir={where}"],
-                                files=[CONFIG_DIR / "train.yaml"], schema=TrainConfig)
-        return str(train(train_cfg)["checkpoint"])
