@@ -1,9 +1,11 @@
-"""Shared fixtures: a tiny hand-written KB in both official schemas, and the embedded benchmarks."""
+"""Shared fixtures: a tiny hand-written KB in both official schemas, the embedded benchmarks, and a
+fake LLM backend."""
 
 from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -123,3 +125,82 @@ def slurm_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+# --------------------------------------------------------------- a fake LLM backend
+
+
+FAKE_REPLY = "r1: FindAll[] → Count[]"
+"""What the fake backend answers unless a test says otherwise (parses, executes, answers a number)."""
+
+
+class FakeBackend:
+    """An LLM backend (``cbr2.llm.base.Backend``) that answers ``reply(prompt)`` and records every prompt.
+
+    ``reply`` returns the generated text or a whole ``Completion`` (to set token counts). The
+    registry builds the backend for each run (``make_backend``); calling this object is that
+    constructor and returns the object itself, so a test reads what every run of it got.
+
+    Attributes:
+        reply: The answer to one prompt.
+        prompts: Every prompt ``generate`` received, in order, across runs.
+        cfg: The ``llm`` section of the latest build.
+        grammar: The grammar of the latest build (``generation.constrained``), else None.
+        builds: How many times the registry built it.
+    """
+
+    name = "fake"
+    uses_chat = False
+
+    def __init__(self, reply: Callable[..., object] | None = None):
+        self.reply = reply or (lambda prompt: FAKE_REPLY)
+        self.prompts: list = []
+        self.cfg = None
+        self.grammar = None
+        self.builds = 0
+
+    def __call__(self, cfg, grammar=None) -> FakeBackend:
+        self.cfg, self.grammar = cfg, grammar
+        self.builds += 1
+        return self
+
+    @property
+    def qids(self) -> list[str]:
+        """The question id of every prompt received, in order."""
+        return [p.qid for p in self.prompts]
+
+    def identity(self) -> dict:
+        return {"backend": self.name}
+
+    def render(self, prompt) -> str:
+        return prompt.text
+
+    def generate(self, prompts: Sequence, on_result=None) -> list:
+        from cbr2.llm.base import Completion
+
+        out = []
+        for i, prompt in enumerate(prompts):
+            self.prompts.append(prompt)
+            answer = self.reply(prompt)
+            out.append(answer if isinstance(answer, Completion) else Completion(answer))
+            if on_result is not None:
+                on_result(i, out[-1])
+        return out
+
+
+_registered_fake: FakeBackend | None = None
+"""The fake that ``llm.backend=fake`` builds during a test (``fake_backend`` sets it)."""
+
+
+@pytest.fixture()
+def fake_backend(monkeypatch) -> FakeBackend:
+    """A ``FakeBackend`` registered as ``llm.backend=fake`` for this test (answers ``FAKE_REPLY``
+    until the test sets ``reply``)."""
+    import sys
+
+    from cbr2 import llm
+
+    fake = FakeBackend()
+    monkeypatch.setattr(sys.modules[__name__], "_registered_fake", fake)
+    monkeypatch.setitem(llm.BACKENDS, "fake", f"{__name__}:_registered_fake")
+    return fake

@@ -82,66 +82,42 @@ def test_config_errors_are_clear(tmp_path):
     assert not (tmp_path / "none").exists()
 
 
-class _Scripted:
-    """A generator that writes given texts from each question; counts what it was asked to generate."""
-
-    calls: list[str] = []  # noqa: RUF012 - reset by the fixture, read by the tests
-    questions: dict = {}  # noqa: RUF012 - the evaluated benchmark's questions by id, set by the fixture
-
-    def __init__(self, cfg):
-        pass
-
-    def identity(self):
-        return {"backend": "scripted"}
-
-    def render(self, prompt):
-        return prompt.text
-
-    def generate(self, prompts, on_result=None):
-        from cbr2.llm.base import Completion
-
-        out = []
-        for i, p in enumerate(prompts):
-            _Scripted.calls.append(p.qid)
-            out.append(Completion(_Scripted.script(_Scripted.questions[p.qid])))
-            if on_result:
-                on_result(i, out[-1])
-        return out
-
-
 @pytest.fixture()
-def scripted(monkeypatch):
-    from cbr2 import llm
+def scripted(fake_backend):
+    """The fake backend (``llm.backend=fake``) answering ``script(question)`` for each mini-kqapro val question;
+    ``fake_backend.qids`` lists what it was asked to generate."""
     from cbr2.data.benchmarks import Benchmark
 
-    monkeypatch.setitem(llm.BACKENDS, "scripted", "test_evaluate:_Scripted")
-    _Scripted.calls = []
-    _Scripted.questions = {q.qid: q for q in Benchmark("mini-kqapro").questions("val")}
-    return _Scripted
+    questions = {q.qid: q for q in Benchmark("mini-kqapro").questions("val")}
+
+    def script(answer):
+        fake_backend.reply = lambda prompt: answer(questions[prompt.qid])
+
+    fake_backend.script = script
+    return fake_backend
 
 
 def test_garbage_is_a_counted_syntax_error_never_a_crash(tmp_path, scripted):
-    scripted.script = staticmethod(lambda q: "I think the answer is yes.\u2028\n```python\nprint(42)\n```")
-    metrics, _ = evaluate(tmp_path, "llm.backend=scripted", "eval.limit=30")
+    scripted.script(lambda q: "I think the answer is yes.\u2028\n```python\nprint(42)\n```")
+    metrics, _ = evaluate(tmp_path, "llm.backend=fake", "eval.limit=30")
     assert metrics["hits@1"] == 0.0 and metrics["ser"] == 1.0 and metrics["errors"]["syntax"] == 30
-    assert evaluate(tmp_path, "llm.backend=scripted", "eval.limit=30")[0]["n"] == 30  # U+2028 survives a resume
+    assert evaluate(tmp_path, "llm.backend=fake", "eval.limit=30")[0]["n"] == 30  # U+2028 survives a resume
 
 
 def test_a_corrupt_record_inside_the_file_is_reported_not_skipped(tmp_path, scripted):
-    scripted.script = staticmethod(lambda q: "r1: Find[X] → QueryName[]")
-    _, out = evaluate(tmp_path, "llm.backend=scripted", "eval.limit=5")
+    scripted.script(lambda q: "r1: Find[X] → QueryName[]")
+    _, out = evaluate(tmp_path, "llm.backend=fake", "eval.limit=5")
     lines = (out / "predictions.jsonl").read_text().split("\n")
     lines[2] = lines[2][:10]
     (out / "predictions.jsonl").write_text("\n".join(lines))
     with pytest.raises(ValueError, match=r"predictions\.jsonl:3: corrupt"):
-        evaluate(tmp_path, "llm.backend=scripted", "eval.limit=5")
+        evaluate(tmp_path, "llm.backend=fake", "eval.limit=5")
 
 
 def test_unknown_names_are_execution_errors_even_on_no_questions(tmp_path, scripted):
     # The reference engine answers a Verify on an unknown entity with "no"; that must not score.
-    scripted.script = staticmethod(
-        lambda q: "r1: Find[No Such Entity] → QueryAttr[height] → VerifyNum[1 centimetre | >]")
-    metrics, _ = evaluate(tmp_path, "llm.backend=scripted")
+    scripted.script(lambda q: "r1: Find[No Such Entity] → QueryAttr[height] → VerifyNum[1 centimetre | >]")
+    metrics, _ = evaluate(tmp_path, "llm.backend=fake")
     verify = metrics["per_category"]["Verify"]
     assert verify["hits@1"] == 0.0 and verify["ser"] == 0.0
     assert metrics["errors"]["execution"] == metrics["n"]
@@ -150,8 +126,8 @@ def test_unknown_names_are_execution_errors_even_on_no_questions(tmp_path, scrip
 def test_repair_is_recorded_and_ser_counts_before_and_after(tmp_path, scripted):
     from cbr2.kopl.text import to_dag_text
 
-    scripted.script = staticmethod(lambda q: to_dag_text(q.program).replace("→", "->") + "\nQuestion: next one")
-    metrics, out = evaluate(tmp_path, "llm.backend=scripted", "eval.limit=20")
+    scripted.script(lambda q: to_dag_text(q.program).replace("→", "->") + "\nQuestion: next one")
+    metrics, out = evaluate(tmp_path, "llm.backend=fake", "eval.limit=20")
     assert metrics["hits@1"] == 1.0 and metrics["ser"] == 0.0 and metrics["ser_before_repair"] == 1.0
     first = json.loads((out / "predictions.jsonl").read_text().splitlines()[0])
     assert {"normalise_arrows", "drop_trailing_text"} <= set(first["repairs"])
@@ -160,23 +136,23 @@ def test_repair_is_recorded_and_ser_counts_before_and_after(tmp_path, scripted):
 def test_an_interrupted_run_resumes_without_regenerating(tmp_path, scripted):
     from cbr2.kopl.text import to_dag_text
 
-    scripted.script = staticmethod(lambda q: to_dag_text(q.program))
-    full, out = evaluate(tmp_path, "llm.backend=scripted", "eval.limit=40")
+    scripted.script(lambda q: to_dag_text(q.program))
+    full, out = evaluate(tmp_path, "llm.backend=fake", "eval.limit=40")
     pred = out / "predictions.jsonl"
     lines = pred.read_text().splitlines(keepends=True)
     pred.write_text("".join(lines[:25]) + lines[25][:17])  # killed mid-write
-    scripted.calls = []
-    resumed, _ = evaluate(tmp_path, "llm.backend=scripted", "eval.limit=40")
-    assert len(scripted.calls) == 15
+    scripted.prompts.clear()
+    resumed, _ = evaluate(tmp_path, "llm.backend=fake", "eval.limit=40")
+    assert len(scripted.qids) == 15
     timing = ("provenance", "generation")  # wall-clock measurements differ between runs
     assert {k: v for k, v in resumed.items() if k not in timing} == {k: v for k, v in full.items() if k not in timing}
     assert pred.read_text().count("\n") == 40 and pred.read_text().endswith("}\n")
     pred.write_text(pred.read_text()[:-1])  # killed between a record and its newline
-    scripted.calls = []
-    assert evaluate(tmp_path, "llm.backend=scripted", "eval.limit=40")[0]["n"] == 40 and not scripted.calls
+    scripted.prompts.clear()
+    assert evaluate(tmp_path, "llm.backend=fake", "eval.limit=40")[0]["n"] == 40 and not scripted.qids
     assert pred.read_text().count("\n") == 40
     with pytest.raises(ValueError, match="different configuration"):
-        evaluate(tmp_path, "llm.backend=scripted", "eval.limit=40", "prompt.format=chain")
+        evaluate(tmp_path, "llm.backend=fake", "eval.limit=40", "prompt.format=chain")
 
 
 def test_offline_wandb_gets_the_run(tmp_path, monkeypatch):
@@ -262,15 +238,15 @@ def test_the_default_qwen_model_answers_with_its_cases(tmp_path):
 def test_a_record_whose_prompt_changed_is_generated_again(tmp_path, scripted):
     from cbr2.kopl.text import to_dag_text
 
-    scripted.script = staticmethod(lambda q: to_dag_text(q.program))
-    _, out = evaluate(tmp_path, "llm.backend=scripted", "eval.limit=5")
+    scripted.script(lambda q: to_dag_text(q.program))
+    _, out = evaluate(tmp_path, "llm.backend=fake", "eval.limit=5")
     pred = out / "predictions.jsonl"
     lines = pred.read_text().splitlines()
     stale = json.loads(lines[3])
     stale["prompt_hash"] = "0" * 64  # e.g. written before a prompt change (PROMPT_VERSION bump)
     lines[3] = json.dumps(stale)
     pred.write_text("\n".join(lines) + "\n")
-    scripted.calls = []
-    metrics, _ = evaluate(tmp_path, "llm.backend=scripted", "eval.limit=5")
-    assert scripted.calls == [stale["id"]] and metrics["n"] == 5 and metrics["hits@1"] == 1.0
+    scripted.prompts.clear()
+    metrics, _ = evaluate(tmp_path, "llm.backend=fake", "eval.limit=5")
+    assert scripted.qids == [stale["id"]] and metrics["n"] == 5 and metrics["hits@1"] == 1.0
     assert len(pred.read_text().splitlines()) == 6  # appended; the newest record of a question wins

@@ -8,7 +8,9 @@ import pytest
 
 from cbr2.config import load_config
 from cbr2.data.benchmarks import Benchmark
-from cbr2.evaluation.runner import generation_key, run_evaluation
+from cbr2.evaluation.run_folder import generation_key
+from cbr2.evaluation.run_report import render_fallback
+from cbr2.evaluation.runner import run_evaluation
 from cbr2.evaluation.scoring import score_generation
 from cbr2.generation import fallback
 from cbr2.generation.canonicalize import Canonicalizer
@@ -17,7 +19,7 @@ from cbr2.kopl.executor import Executor
 from cbr2.kopl.text import to_dag_text
 from cbr2.llm.base import Completion, Prompt
 
-BASE = ["llm.backend=fixer", "generation.constrained=false", "eval.per_category=null", "eval.limit=24", "wandb.mode=disabled",
+BASE = ["llm.backend=fake", "generation.constrained=false", "eval.per_category=null", "eval.limit=24", "wandb.mode=disabled",
         "retrieval.cases=none", "retrieval.k_ontology=0", "retrieval.k_facts=0"]
 
 EMPTY = "r1: Find[Paris] → FilterConcept[human] → QueryName[]"
@@ -38,59 +40,53 @@ def mixed(q, i):
 
 
 class _Fixer:
-    """First answers from ``script(question, index)``; corrections from ``correction(question)``
-    (the gold program unless a test says otherwise).
+    """The fake backend's answers here: first answers from ``script(question, index)``, corrections
+    from ``correction(question)`` (the gold program unless a test says otherwise).
 
-    It is a test double that reads gold programs, as the gold writer does; the correction
-    prompts it receives are checked separately for what they reveal.
+    It reads gold programs, as the gold writer does; the correction prompts the fake receives are
+    checked separately for what they reveal.
     """
 
-    script = staticmethod(mixed)
-    correction = staticmethod(lambda q: to_dag_text(q.program))
-    questions: dict = {}  # noqa: RUF012 - set by the fixture
-    order: dict = {}  # noqa: RUF012 - question id -> position in the evaluated split
-    calls: list = []  # noqa: RUF012 - (question id, is a correction) per prompt generated
-    corrections: list = []  # noqa: RUF012 - the correction prompts received
-    grammar = None
+    def __init__(self, fake):
+        val = Benchmark("mini-kqapro").questions("val")
+        self.fake = fake
+        self.questions = {q.qid: q for q in val}
+        self.order = {q.qid: i for i, q in enumerate(val)}  # question id -> position in the evaluated split
+        self.script = mixed
+        self.correction = lambda q: to_dag_text(q.program)
+        fake.reply = self.reply
 
-    def __init__(self, cfg, grammar=None):
-        _Fixer.grammar = grammar
+    def reply(self, p):
+        q = self.questions[p.qid]
+        text = self.correction(q) if _is_correction(p) else self.script(q, self.order[p.qid])
+        return Completion(text, prompt_tokens=100, completion_tokens=10)
 
-    def identity(self):
-        return {"backend": "fixer"}
+    @property
+    def calls(self):
+        """(question id, is a correction) per prompt generated."""
+        return [(p.qid, _is_correction(p)) for p in self.fake.prompts]
 
-    def render(self, prompt):
-        return prompt.text
+    @property
+    def corrections(self):
+        """The correction prompts received."""
+        return [p for p in self.fake.prompts if _is_correction(p)]
 
-    def generate(self, prompts, on_result=None):
-        out = []
-        for j, p in enumerate(prompts):
-            q = _Fixer.questions[p.qid]
-            correction = "This program failed:" in p.user
-            _Fixer.calls.append((p.qid, correction))
-            if correction:
-                _Fixer.corrections.append(p)
-                text = _Fixer.correction(q)
-            else:
-                text = _Fixer.script(q, _Fixer.order[p.qid])
-            out.append(Completion(text, prompt_tokens=100, completion_tokens=10))
-            if on_result:
-                on_result(j, out[-1])
-        return out
+    @property
+    def grammar(self):
+        return self.fake.grammar
+
+    def forget(self):
+        """Forget the prompts received so far."""
+        self.fake.prompts.clear()
+
+
+def _is_correction(p):
+    return "This program failed:" in p.user
 
 
 @pytest.fixture()
-def fixer(monkeypatch):
-    from cbr2 import llm
-
-    monkeypatch.setitem(llm.BACKENDS, "fixer", "test_fallback:_Fixer")
-    val = Benchmark("mini-kqapro").questions("val")
-    _Fixer.questions = {q.qid: q for q in val}
-    _Fixer.order = {q.qid: i for i, q in enumerate(val)}
-    _Fixer.calls, _Fixer.corrections, _Fixer.grammar = [], [], None
-    monkeypatch.setattr(_Fixer, "script", staticmethod(mixed))
-    monkeypatch.setattr(_Fixer, "correction", staticmethod(lambda q: to_dag_text(q.program)))
-    return _Fixer
+def fixer(fake_backend):
+    return _Fixer(fake_backend)
 
 
 def evaluate(out, *overrides):
@@ -151,7 +147,7 @@ def test_failures_get_one_correction_and_both_passes_are_scored(tmp_path, fixer)
 
 
 def test_a_correction_that_fails_no_less_visibly_does_not_replace_the_first_pass(tmp_path, fixer):
-    fixer.correction = staticmethod(lambda q: "no program, sorry")  # every correction fails to parse
+    fixer.correction = lambda q: "no program, sorry"  # every correction fails to parse
     metrics = evaluate(tmp_path / "run", "generation.fallback=true")
     fb = metrics["fallback"]
     assert fb["fired"] == 18 and fb["kept_correction"] == 0 and fb["fixed"] == 0
@@ -190,7 +186,7 @@ def test_the_correction_prompt_shows_the_error_and_the_nearest_valid_items(tmp_p
 
 def test_right_and_wrong_first_answers_never_fire_it(tmp_path, fixer):
     # A wrong but non-empty answer cannot be told from a right one without the gold answer.
-    fixer.script = staticmethod(lambda q, i: to_dag_text(q.program) if i % 2 else "r1: FindAll[] → Count[]")
+    fixer.script = lambda q, i: to_dag_text(q.program) if i % 2 else "r1: FindAll[] → Count[]"
     out = tmp_path / "run"
     metrics = evaluate(out, "generation.fallback=true")
     records = records_of(out)
@@ -222,13 +218,13 @@ def test_a_pending_record_resumes_with_its_correction_only(tmp_path, fixer):
     last = json.loads(lines[-1])
     assert last["fallback"]["fired"]
     pred.write_text("".join(lines[:-1]))
-    fixer.calls = []
+    fixer.forget()
     resumed = evaluate(out, "generation.fallback=true")
     assert fixer.calls == [(last["id"], True)]
     timing = ("provenance", "generation", "fallback")
     assert {k: v for k, v in resumed.items() if k not in timing} == {k: v for k, v in full.items() if k not in timing}
     assert resumed["fallback"]["fixed"] == full["fallback"]["fixed"]
-    fixer.calls = []
+    fixer.forget()
     evaluate(out, "generation.fallback=true")
     assert fixer.calls == []  # everything is final now
 
@@ -265,7 +261,7 @@ def test_canonicalize_and_constrained_reach_scoring_and_the_backend(tmp_path, fi
     monkeypatch.setattr(canonicalize, "build_canonicalizer",
                         lambda cfg, bench: built.append("canon") or Canonicalizer(bench.kb.vocabulary))
     monkeypatch.setattr(grammar, "build_grammar", lambda cfg, bench: built.append("grammar") or "the grammar")
-    fixer.script = staticmethod(lambda q, i: typo(q))
+    fixer.script = lambda q, i: typo(q)
     out = tmp_path / "run"
     metrics = evaluate(out, "generation.canonicalize=true", "generation.constrained=true", "generation.fallback=true")
     assert built == ["grammar", "canon"] and fixer.grammar == "the grammar"
@@ -325,8 +321,8 @@ def test_render_fallback_compares_the_two_passes():
                             "after": {"right": 1, "empty": 1},
                             "by_error_kind": {"syntax": {"fired": 1, "fixed": 1}, "empty": {"fired": 1, "fixed": 0}},
                             "extra_seconds_per_question": 0.5, "extra_seconds_per_fired": 1.0}}
-    text = "\n".join(fallback.render_fallback(metrics))
+    text = "\n".join(render_fallback(metrics))
     assert "| Hits@1 (%) ↑ | 25.00 | 50.00 |" in text and "| SER (%) ↓ | 25.00 | 0.00 |" in text
     assert "Fired on 2 of 4 questions (50.00%); fixed 1 (50.00% of those); 1 still not right." in text
     assert "0.50 s per question, 1.00 s per correction" in text and "| syntax | 1 | 1 |" in text
-    assert fallback.render_fallback({"hits@1": 1.0}) == []
+    assert render_fallback({"hits@1": 1.0}) == []

@@ -17,7 +17,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from cbr2.config import LLMConfig
-from cbr2.llm import hf
+from cbr2.llm import hf, hf_convert, hf_decode
 from cbr2.llm.base import Prompt
 from cbr2.llm.hf import HFBackend
 from cbr2.llm.packaged import PACKAGED, gguf_fingerprint, gguf_path
@@ -159,30 +159,30 @@ def test_conversion_happens_once_and_is_reused(tmp_path, monkeypatch):
     monkeypatch.setenv("CBR2_CACHE_DIR", str(tmp_path / "cache"))
     gguf = _fake_gguf(tmp_path)
     calls = []
-    first = hf.ensure_converted(gguf, convert=_counting_converter(calls))
+    first = hf_convert.ensure_converted(gguf, convert=_counting_converter(calls))
     assert first.parent == tmp_path / "cache" / "llm" and first.name.startswith("Fake-Model.Q4-")
-    assert hf.ensure_converted(gguf, convert=_counting_converter(calls)) == first
+    assert hf_convert.ensure_converted(gguf, convert=_counting_converter(calls)) == first
     assert len(calls) == 1
     # No temporary folder left; the build lock's file stays (removing it would race a waiting process).
     assert sorted(p.name for p in first.parent.iterdir() if p.suffix != ".lock") == [first.name]
     # Another GGUF (different content) gets its own folder.
-    other = hf.ensure_converted(_fake_gguf(tmp_path, b"GGUF other weights"), convert=_counting_converter(calls))
+    other = hf_convert.ensure_converted(_fake_gguf(tmp_path, b"GGUF other weights"), convert=_counting_converter(calls))
     assert other != first and len(calls) == 2
 
 
 def test_half_written_conversion_is_not_used(tmp_path, monkeypatch):
     monkeypatch.setenv("CBR2_CACHE_DIR", str(tmp_path / "cache"))
     gguf = _fake_gguf(tmp_path)
-    dest = hf.converted_dir(gguf)
+    dest = hf_convert.converted_dir(gguf)
     dest.mkdir(parents=True)
     (dest / "config.json").write_text("{}")  # a conversion killed before its marker
     calls = []
-    assert hf.ensure_converted(gguf, convert=_counting_converter(calls)) == dest
-    assert len(calls) == 1 and hf.is_converted(dest, gguf_fingerprint(gguf))
+    assert hf_convert.ensure_converted(gguf, convert=_counting_converter(calls)) == dest
+    assert len(calls) == 1 and hf_convert.is_converted(dest, gguf_fingerprint(gguf))
     # A truncated weights file invalidates a folder too.
     (dest / "model.safetensors").write_bytes(b"x")
-    assert not hf.is_converted(dest, gguf_fingerprint(gguf))
-    hf.ensure_converted(gguf, convert=_counting_converter(calls))
+    assert not hf_convert.is_converted(dest, gguf_fingerprint(gguf))
+    hf_convert.ensure_converted(gguf, convert=_counting_converter(calls))
     assert len(calls) == 2 and (dest / "model.safetensors").stat().st_size == 100
 
 
@@ -195,7 +195,7 @@ def test_failed_conversion_leaves_nothing(tmp_path, monkeypatch):
         raise RuntimeError("killed")
 
     with pytest.raises(RuntimeError, match="killed"):
-        hf.ensure_converted(gguf, convert=broken)
+        hf_convert.ensure_converted(gguf, convert=broken)
     assert [p for p in (tmp_path / "cache" / "llm").iterdir() if p.suffix != ".lock"] == []
 
 
@@ -309,7 +309,7 @@ def test_lookup_drafts_keep_exactly_the_greedy_tokens(tiny_model, monkeypatch):
                 return draft
         raise AssertionError("a sequence that starts with no known prompt")
 
-    monkeypatch.setattr(hf, "_lookup_draft", oracle)
+    monkeypatch.setattr(hf_decode, "lookup_draft", oracle)
     backend = HFBackend(cfg(tiny_model, max_new_tokens=n_new), lookup=5)
     passes = []
     _spy_on_passes(backend, passes)
@@ -385,14 +385,14 @@ def test_packaged_model_converts_once_and_generates(packaged_cache, monkeypatch)
     gguf = gguf_path(SMOLLM2)
     first = HFBackend(cfg(SMOLLM2, max_new_tokens=6))
     first.model()  # converts the GGUF (~20-60 s)
-    folder = hf.converted_dir(gguf)
-    assert hf.is_converted(folder, gguf_fingerprint(gguf))
+    folder = hf_convert.converted_dir(gguf)
+    assert hf_convert.is_converted(folder, gguf_fingerprint(gguf))
     assert not (json.loads((folder / "config.json").read_text())).get("quantization_config")
 
     def no_conversion(*args):
         raise AssertionError("converted a second time")
 
-    monkeypatch.setattr(hf, "convert_gguf", no_conversion)
+    monkeypatch.setattr(hf_convert, "convert_gguf", no_conversion)
     second = HFBackend(cfg(SMOLLM2, max_new_tokens=24))  # prefix reuse and prompt-lookup drafts
     start = time.perf_counter()
     model, tokenizer = second.model(), second.tokenizer()

@@ -3,7 +3,8 @@
 The server (``ThreadingHTTPServer`` on a free port) answers ``/v1/chat/completions`` and
 ``/v1/completions``, records every request body, counts requests in flight, and can be told to
 delay, rate-limit or reject requests, so concurrency, retries and errors are exercised through
-the real ``openai`` client.
+the real ``openai`` client (the retries are its own). Refusals carry ``retry-after-ms: 1`` where
+the test is not about the backoff, so the client waits a millisecond rather than its 0.5 s.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
@@ -19,11 +19,14 @@ import pytest
 from omegaconf import OmegaConf
 
 from cbr2.config import LLMConfig
-from cbr2.llm import backend_class, openai_compat
+from cbr2.llm import backend_class
 from cbr2.llm.base import Completion, Prompt
-from cbr2.llm.openai_compat import LLMRequestError, OpenAIBackend, backoff_delay, retry_after_s
+from cbr2.llm.openai_compat import LLMRequestError, OpenAIBackend
 
 KEY_ENV = "CBR2_TEST_OPENAI_KEY"
+
+SOON = {"retry-after-ms": "1"}
+"""A refusal's headers asking for a retry after 1 ms (the client honours delays of up to 2 minutes)."""
 
 
 def _prompts(n):
@@ -131,8 +134,7 @@ def server():
 
 
 @pytest.fixture(autouse=True)
-def _fast_backoff(monkeypatch):
-    monkeypatch.setattr(openai_compat, "BASE_DELAY_S", 0.01)
+def _no_key(monkeypatch):
     monkeypatch.delenv(KEY_ENV, raising=False)
 
 
@@ -200,7 +202,7 @@ def test_concurrency_is_bounded(server):
 def test_rate_limits_are_retried(server):
     def limited(path, body, n):
         if n < 2:
-            return 429, {"Retry-After": "0"}, {"error": {"message": "slow down", "type": "rate_limit"}}, 0.0
+            return 429, SOON, {"error": {"message": "slow down", "type": "rate_limit"}}, 0.0
         return None
 
     server.respond = limited
@@ -210,10 +212,36 @@ def test_rate_limits_are_retried(server):
 
 
 def test_server_errors_are_retried_then_give_up(server):
-    server.respond = lambda path, body, n: (503, {}, {"error": {"message": "overloaded"}}, 0.0)
-    with pytest.raises(LLMRequestError, match=r"after 2 retries.*503.*overloaded"):
+    server.respond = lambda path, body, n: (503, SOON, {"error": {"message": "overloaded"}}, 0.0)
+    with pytest.raises(LLMRequestError, match=r"q0: HTTP 503 .*overloaded \(after 2 retries\)"):
         OpenAIBackend(_cfg(server, max_retries=2)).generate(_prompts(1))
     assert len(server.requests) == 3
+    # The client numbers its tries; the backend reads the last number for the message.
+    assert [h.get("x-stainless-retry-count") for _, _, h in server.requests] == ["0", "1", "2"]
+
+
+def test_retries_follow_llm_max_retries_and_retry_after(server):
+    server.respond = lambda path, body, n: (429, {"retry-after-ms": "300"}, {"error": {"message": "busy"}}, 0.0)
+    start = time.perf_counter()
+    with pytest.raises(LLMRequestError, match=r"HTTP 429 .*busy \(after 1 retries\)"):
+        OpenAIBackend(_cfg(server, max_retries=1)).generate(_prompts(1))
+    assert time.perf_counter() - start >= 0.3 and len(server.requests) == 2  # waited as asked, then gave up
+    server.requests.clear()
+    with pytest.raises(LLMRequestError, match=r"HTTP 429 .*busy$"):
+        OpenAIBackend(_cfg(server, max_retries=0)).generate(_prompts(1))
+    assert len(server.requests) == 1
+    # A server asking for more than the client waits (2 minutes) is not retried at all.
+    server.requests.clear()
+    server.respond = lambda path, body, n: (429, {"retry-after": "3600"}, {"error": {"message": "come back later"}},
+                                            0.0)
+    with pytest.raises(LLMRequestError, match="come back later"):
+        OpenAIBackend(_cfg(server, max_retries=3)).generate(_prompts(1))
+    assert len(server.requests) == 1
+
+
+def test_the_client_is_configured_from_the_llm_section(server):
+    client = OpenAIBackend(_cfg(server, max_retries=5, timeout_s=7.5)).client()
+    assert client.max_retries == 5 and client.timeout == 7.5
 
 
 def test_bad_request_fails_fast_with_the_server_text(server):
@@ -246,7 +274,7 @@ def test_timeouts_are_retried(server):
 
 
 def test_connection_errors_are_retried_then_reported():
-    with pytest.raises(LLMRequestError, match=r"after 1 retries \(connection error"):
+    with pytest.raises(LLMRequestError, match=r"q0: connection error with http://127\.0\.0\.1:9/v1.*\(after 1 retries\)"):
         OpenAIBackend(_cfg(base_url="http://127.0.0.1:9/v1", max_retries=1, timeout_s=2.0)).generate(_prompts(1))
 
 
@@ -279,18 +307,6 @@ def test_identity_render_and_chat_default():
     assert backend.render(prompt) == "[system]\nSYSTEM PART\n\n[user]\nquestion 0"
     assert OpenAIBackend(_cfg(chat=False)).render(prompt) == prompt.text
     assert backend.generate([]) == []
-
-
-def test_retry_after_and_backoff():
-    assert retry_after_s({"retry-after": "2"}) == 2.0
-    assert retry_after_s({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
-    assert 0 <= retry_after_s({"retry-after": formatdate(time.time() + 30, usegmt=True)}) <= 31
-    assert retry_after_s({"retry-after": "soon"}) is None and retry_after_s({}) is None
-    assert backoff_delay(0, retry_after=3600) == openai_compat.MAX_DELAY_S  # capped
-    assert backoff_delay(5, retry_after=0.0) == 0.0
-    base = openai_compat.BASE_DELAY_S
-    assert all(base * 4 * 0.5 <= backoff_delay(2) < base * 4 for _ in range(50))
-    assert backoff_delay(100) <= openai_compat.MAX_DELAY_S
 
 
 GRAMMAR = SimpleNamespace(ebnf='root ::= "r1: FindAll[] → Count[]"', max_bytes=99,

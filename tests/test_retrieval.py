@@ -276,38 +276,9 @@ def test_retrieval_never_sees_the_gold_programs_or_answers_of_the_evaluated_spli
     assert m_honest["retrieval"]["cases"] != m_tampered["retrieval"]["cases"]
 
 
-class _Recorder:
-    """A backend that keeps the exact model input of every prompt and answers nothing useful."""
-
-    seen: list[str] = []  # noqa: RUF012 - reset by the test
-
-    def __init__(self, cfg):
-        pass
-
-    def identity(self):
-        return {"backend": "recorder"}
-
-    def render(self, prompt):
-        return prompt.text
-
-    def generate(self, prompts, on_result=None):
-        from cbr2.llm.base import Completion
-
-        out = []
-        for i, prompt in enumerate(prompts):
-            _Recorder.seen.append(self.render(prompt))
-            out.append(Completion("r1: FindAll[] → Count[]"))
-            if on_result:
-                on_result(i, out[-1])
-        return out
-
-
 @pytest.mark.slow
-def test_prompts_never_see_the_gold_programs_or_answers_of_the_evaluated_split(tmp_path, monkeypatch):
+def test_prompts_never_see_the_gold_programs_or_answers_of_the_evaluated_split(tmp_path, fake_backend):
     """The same tampering as above, end to end: every prompt the model reads stays byte-identical."""
-    from cbr2 import llm
-
-    monkeypatch.setitem(llm.BACKENDS, "recorder", "test_retrieval:_Recorder")
     val = json.loads((EMBEDDED_ROOT / "mini-kqapro" / "val.json").read_text())
     prompts = {}
     for name, rotate in (("honest", 0), ("tampered", 7)):
@@ -317,12 +288,12 @@ def test_prompts_never_see_the_gold_programs_or_answers_of_the_evaluated_split(t
         for q, other in zip(items, val[rotate:] + val[:rotate]):
             q["program"], q["answer"] = other["program"], other["answer"] + (" (tampered)" if rotate else "")
         (root / "val.json").write_text(json.dumps(items))
-        _Recorder.seen = []
+        fake_backend.prompts.clear()
         cfg = load_config(["data.name=kqapro", f"data.root={root}", f"output_dir={tmp_path / name / 'run'}",
-                           BACKBONE, "llm.backend=recorder", "generation.constrained=false", "eval.per_category=null", "eval.limit=18",
+                           BACKBONE, "llm.backend=fake", "generation.constrained=false", "eval.per_category=null", "eval.limit=18",
                            "wandb.mode=disabled"])
         metrics = run_evaluation(cfg)
-        prompts[name] = list(_Recorder.seen)
+        prompts[name] = [fake_backend.render(p) for p in fake_backend.prompts]
         assert len(prompts[name]) == metrics["n"] == 18
     assert prompts["honest"] == prompts["tampered"], "a prompt changed with the gold programs or answers"
     # Non-vacuous: every prompt holds the question, cases with programs, and knowledge.
@@ -352,7 +323,7 @@ def _export(root, name, data, created):
 
 
 def _resolve(tmp_path, *overrides):
-    from cbr2.retrieval.retriever import resolve_structural
+    from cbr2.structural.on_demand import resolve_structural
 
     cfg = load_config([f"structural.checkpoints_dir={tmp_path}", *overrides])
     return resolve_structural(cfg, Benchmark(cfg.data.name, cfg.data.root))

@@ -1,6 +1,6 @@
 """Program generators ("LLM backends"), registered by name and imported only when chosen.
 
-A backend turns ``Prompt``s into ``Completion``s (``cbr2.llm.base``) with
+A backend (the ``Backend`` protocol of ``cbr2.llm.base``) turns ``Prompt``s into ``Completion``s with
 ``generate(prompts, on_result=None)``, shows the exact model input with ``render(prompt)``
 and names what its outputs depend on with ``identity()`` (the predictions cache key). Heavy
 packages (torch, transformers, vLLM, openai) are imported inside the backends, so choosing
@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from cbr2.llm.base import Backend
 
 if TYPE_CHECKING:
     from cbr2.data.questions import Question
@@ -28,7 +30,7 @@ BACKENDS: dict[str, str] = {
 """``llm.backend`` name → ``module:Class``."""
 
 
-def backend_class(name: str) -> type:
+def backend_class(name: str) -> Callable[..., Backend]:
     """The class registered under ``name``, imported now (its heavy packages load only when built).
 
     Raises:
@@ -42,11 +44,12 @@ def backend_class(name: str) -> type:
     return getattr(importlib.import_module(module), cls)
 
 
-def make_backend(cfg: Any, questions: Sequence[Question] = (), grammar: ProgramGrammar | None = None) -> Any:
+def make_backend(cfg: Any, questions: Sequence[Question] = (), grammar: ProgramGrammar | None = None) -> Backend:
     """The configured backend, built but not loaded (weights load on the first ``generate``).
 
     Args:
-        cfg: The whole configuration (``cbr2.config.Config``); backends read ``cfg.llm``.
+        cfg: The whole configuration (``cbr2.config.Config``); backends read ``cfg.llm``, the gold
+            writer ``cfg.prompt.format``.
         questions: The evaluated questions; only ``gold`` reads them (their gold programs).
         grammar: Decode under this grammar (``generation.constrained``); ``hf``, ``vllm`` and
             ``openai`` honour it, ``gold`` writes gold programs and ignores it.

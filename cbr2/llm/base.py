@@ -4,14 +4,21 @@ A backend gets ``Prompt`` objects (built by ``cbr2.generation.prompt``) and retu
 per prompt, in order. How a prompt becomes model input is the backend's business:
 ``Prompt.text`` for a base model (plain completion), ``Prompt.messages`` with the model's
 chat template for an instruction model (``llm.chat``). ``render`` shows exactly that input
-without loading weights, for ``evaluate.py --show-prompt``.
+without loading weights, for ``evaluate.py --show-prompt``. ``Backend`` is the protocol that
+every backend satisfies.
+
+Backends read their ``llm`` section (``cbr2.config.LLMConfig``, or a DictConfig of it) field by
+field with no fallbacks of their own: every default is stated once, in the schema.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from cbr2.config import LLMConfig
 
 
 @dataclass(frozen=True)
@@ -57,15 +64,33 @@ class Completion:
     completion_tokens: int | None = None
 
 
-def option(cfg: Any, key: str, default: Any = None) -> Any:
-    """``cfg.key`` of the llm section (a DictConfig or ``LLMConfig``); ``default`` when it is absent or null."""
-    value = getattr(cfg, key, default)
-    return default if value is None else value
+@runtime_checkable
+class Backend(Protocol):
+    """What the evaluation loop (``cbr2.evaluation.runner``) asks of a program generator.
+
+    A backend is any object with these three methods (structural typing: the backends share
+    helpers, not a base class). ``make_backend`` builds the configured one; tests pass fakes.
+    Building one loads nothing: weights load on the first ``generate``.
+    """
+
+    def identity(self) -> dict[str, Any]:
+        """What, beside the prompt, decides the output: the predictions-cache key (JSON-serialisable,
+        read without loading weights)."""
+        ...
+
+    def render(self, prompt: Prompt) -> str:
+        """Exactly the model input for ``prompt`` (``evaluate.py --show-prompt``; reads at most a tokenizer)."""
+        ...
+
+    def generate(self, prompts: Sequence[Prompt],
+                 on_result: Callable[[int, Completion], None] | None = None) -> list[Completion]:
+        """One completion per prompt, in input order; ``on_result(index, completion)`` as each one is done."""
+        ...
 
 
-def stop_strings(cfg: Any) -> list[str]:
-    """``cfg.stop`` as a plain list of non-empty strings (a ListConfig is not JSON/pickle friendly)."""
-    return [str(s) for s in (option(cfg, "stop") or []) if str(s)]
+def stop_strings(cfg: LLMConfig) -> list[str]:
+    """``llm.stop`` as a plain list of non-empty strings (a ListConfig is not JSON/pickle friendly)."""
+    return [str(s) for s in cfg.stop if str(s)]
 
 
 def cut_at_stop(text: str, stop: Iterable[str]) -> str:
@@ -83,7 +108,7 @@ def cut_at_stop(text: str, stop: Iterable[str]) -> str:
     return text[:end]
 
 
-def token_cap(cfg: Any, grammar: Any = None) -> int:
+def token_cap(cfg: LLMConfig, grammar: Any = None) -> int:
     """Most tokens one completion may have: ``llm.max_new_tokens``, or under a grammar
     (``generation.constrained``) its longest text in bytes plus the end-of-sequence token.
 
@@ -92,20 +117,20 @@ def token_cap(cfg: Any, grammar: Any = None) -> int:
     """
     if grammar is not None:
         return grammar.max_bytes + 1
-    return int(option(cfg, "max_new_tokens", 160))
+    return int(cfg.max_new_tokens)
 
 
-def decoding_identity(cfg: Any, grammar: Any = None, **fields: Any) -> dict[str, Any]:
+def decoding_identity(cfg: LLMConfig, grammar: Any = None, **fields: Any) -> dict[str, Any]:
     """A backend's predictions-cache key: its own ``fields`` plus the decoding parameters, and the
     grammar's identity and token cap when it decodes under one.
 
     The seed only counts when sampling (temperature > 0): greedy output does not depend on it.
     """
-    temperature = float(getattr(cfg, "temperature", 0.0) or 0.0)
-    ident = {**fields, "max_new_tokens": int(getattr(cfg, "max_new_tokens", 128)), "temperature": temperature,
-             "top_p": float(getattr(cfg, "top_p", 1.0)), "stop": stop_strings(cfg)}
+    temperature = float(cfg.temperature)
+    ident = {**fields, "max_new_tokens": int(cfg.max_new_tokens), "temperature": temperature,
+             "top_p": float(cfg.top_p), "stop": stop_strings(cfg)}
     if temperature > 0:
-        ident["seed"] = int(getattr(cfg, "seed", 0))
+        ident["seed"] = int(cfg.seed)
     if grammar is not None:
         ident.update(grammar.identity(), max_new_tokens=token_cap(cfg, grammar))
     return ident

@@ -27,10 +27,13 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, option, stop_strings, token_cap
+from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, stop_strings, token_cap
 from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, gguf_fingerprint, gguf_path
+
+if TYPE_CHECKING:
+    from cbr2.config import LLMConfig
 
 log = logging.getLogger(__name__)
 
@@ -115,17 +118,17 @@ class LlamaCppBackend:
 
     name = "llamacpp"
 
-    def __init__(self, cfg: Any, grammar: Any = None):
+    def __init__(self, cfg: LLMConfig, grammar: Any = None):
         self.cfg = cfg
         self.grammar = grammar
         self.stop = stop_strings(cfg)
         self.max_new_tokens = token_cap(cfg, grammar)
-        self.temperature = float(option(cfg, "temperature", 0.0))
-        self.top_p = float(option(cfg, "top_p", 1.0))
-        self.seed = int(option(cfg, "seed", 0))
-        self.model_name = str(option(cfg, "model", DEFAULT_MODEL))
+        self.temperature = float(cfg.temperature)
+        self.top_p = float(cfg.top_p)
+        self.seed = int(cfg.seed)
+        self.model_name = str(cfg.model or DEFAULT_MODEL)
         self._path, self.source = resolve_gguf(self.model_name)
-        self.n_ctx = int(option(cfg, "max_model_len", DEFAULT_CONTEXT))
+        self.n_ctx = int(DEFAULT_CONTEXT if cfg.max_model_len is None else cfg.max_model_len)
         self._vocab: Any = None
         self._llm: Any = None
         self._compiled: Any = None
@@ -145,9 +148,8 @@ class LlamaCppBackend:
     def uses_chat(self) -> bool:
         """``llm.chat`` when set; else the packaged model's registered choice, else whether the
         GGUF file carries a chat template."""
-        chat = option(self.cfg, "chat")
-        if chat is not None:
-            return bool(chat)
+        if self.cfg.chat is not None:
+            return bool(self.cfg.chat)
         if self.model_name in PACKAGED:
             return PACKAGED[self.model_name].chat
         return bool(self._metadata().get("tokenizer.chat_template"))

@@ -1,11 +1,16 @@
 """The ``openai`` backend: any OpenAI-compatible server (``vllm serve``, hosted Qwen APIs, OpenAI).
 
 Requests run in a thread pool of ``llm.concurrency``, each with the ``llm.timeout_s`` timeout.
-Retries are done here, not by the client (its ``max_retries`` is 0), so they are visible and
-testable: rate limits (429), request timeouts (408), server errors (5xx), timeouts and
-connection errors are retried up to ``llm.max_retries`` times with exponential backoff and
-jitter, honouring the server's ``Retry-After``; any other 4xx fails at once with the status and
-the server's error text, since repeating a bad request cannot help.
+Retries are the ``openai`` client's own, up to ``llm.max_retries`` per request: it retries
+request and lock timeouts (408, 409), rate limits (429), server errors (5xx), timeouts and
+connection errors, with exponential backoff (0.5 s doubling up to 8 s, less up to 25 % jitter)
+or, when the server sends ``Retry-After`` / ``retry-after-ms`` of at most 2 minutes, after that
+delay; a server that asks for longer, or says ``x-should-retry: false``, is not retried (the
+numbers of openai 3.57; ``pyproject.toml`` asks for any 1.x or later). What the
+client does not do is done here: a request that fails for good raises ``LLMRequestError`` naming
+the question, the server, the status with the server's own error text, and how many retries
+were spent (when the client numbers them); any other 4xx fails at once, since repeating a bad
+request cannot help.
 
 The API key comes from the environment variable named by ``llm.api_key_env``, never from the
 config (configs are logged and committed). A local server (``vllm serve`` without
@@ -14,22 +19,16 @@ config (configs are logged and committed). A local server (``vllm serve`` withou
 
 from __future__ import annotations
 
-import email.utils
 import os
-import random
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, as_completed
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, option, stop_strings, token_cap
+from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, stop_strings, token_cap
 
-BASE_DELAY_S = 1.0
-"""First backoff delay; doubles with every retry (tests make it small)."""
-
-MAX_DELAY_S = 60.0
-"""Cap of a backoff delay and of a server's ``Retry-After``."""
+if TYPE_CHECKING:
+    from cbr2.config import LLMConfig
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
 """Hosts whose server gets the placeholder key when the key variable is unset."""
@@ -39,6 +38,9 @@ PLACEHOLDER_KEY = "EMPTY"
 
 OFFICIAL_HOST = "api.openai.com"
 """OpenAI's own API: it rejects vLLM's ``chat_template_kwargs``, so that is not sent there."""
+
+RETRY_COUNT_HEADER = "x-stainless-retry-count"
+"""The request header in which the ``openai`` client numbers its retries (0 on the first try)."""
 
 
 class LLMRequestError(RuntimeError):
@@ -52,44 +54,14 @@ def _host(base_url: str | None) -> str:
     return (urlparse(base_url).hostname or "").lower()
 
 
-def backoff_delay(attempt: int, retry_after: float | None = None) -> float:
-    """Seconds to wait before retry number ``attempt + 1``.
-
-    Args:
-        attempt: Retries done so far (0 before the first retry).
-        retry_after: The server's ``Retry-After`` in seconds, if it sent one.
-
-    Returns:
-        The server's wish (capped at ``MAX_DELAY_S``) when given; else ``BASE_DELAY_S * 2**attempt``
-        (capped) scaled by a random factor in [0.5, 1) so parallel requests do not retry in step.
-    """
-    if retry_after is not None:
-        return min(max(retry_after, 0.0), MAX_DELAY_S)
-    return min(BASE_DELAY_S * 2**attempt, MAX_DELAY_S) * (0.5 + random.random() / 2)
-
-
-def retry_after_s(headers: Any) -> float | None:
-    """The delay a response asks for: ``retry-after-ms``, or ``Retry-After`` in seconds or as an HTTP date."""
-    if headers is None:
-        return None
-    ms = headers.get("retry-after-ms")
-    if ms is not None:
-        try:
-            return float(ms) / 1000
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
+def retries_spent(err: Any) -> int | None:
+    """How many retries the client made before the request that raised ``err`` (None when unknown)."""
+    request = getattr(err, "request", None)
     try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        value = request.headers.get(RETRY_COUNT_HEADER) if request is not None else None
+        return int(value) if value is not None else None
+    except (AttributeError, TypeError, ValueError):
         return None
-    return max(when.timestamp() - time.time(), 0.0)
 
 
 def _server_text(err: Any) -> str:
@@ -110,13 +82,8 @@ def _server_text(err: Any) -> str:
     return text or str(err)
 
 
-def _retryable_status(status: int) -> bool:
-    """Rate limits, request timeouts and server errors may pass on a later try."""
-    return status in (408, 429) or status >= 500
-
-
 class OpenAIBackend:
-    """Generates through an OpenAI-compatible HTTP API with bounded concurrency and retries.
+    """Generates through an OpenAI-compatible HTTP API with bounded concurrency and the client's retries.
 
     Args:
         cfg: The ``llm`` config section (DictConfig or ``LLMConfig``).
@@ -131,15 +98,15 @@ class OpenAIBackend:
 
     name = "openai"
 
-    def __init__(self, cfg: Any, grammar: Any = None):
+    def __init__(self, cfg: LLMConfig, grammar: Any = None):
         self.cfg = cfg
         self.grammar = grammar
-        model = option(cfg, "model")
+        model = cfg.model
         if not model:
             raise ValueError("llm.backend=openai needs llm.model: the model name the server serves "
                              "(e.g. llm.model=Qwen/Qwen3-8B for `vllm serve Qwen/Qwen3-8B`)")
         self.model = str(model)
-        self.base_url: str | None = option(cfg, "base_url") or None
+        self.base_url: str | None = cfg.base_url or None
         self.stop = stop_strings(cfg)
         self._client: Any = None
         if grammar is not None and _host(self.base_url) == OFFICIAL_HOST:
@@ -149,8 +116,7 @@ class OpenAIBackend:
     @property
     def uses_chat(self) -> bool:
         """``llm.chat`` when set, else True (served models are instruction models)."""
-        chat = option(self.cfg, "chat")
-        return True if chat is None else bool(chat)
+        return True if self.cfg.chat is None else bool(self.cfg.chat)
 
     def identity(self) -> dict[str, Any]:
         """What, beside the prompt, decides the output: the predictions-cache key.
@@ -172,7 +138,7 @@ class OpenAIBackend:
         Raises:
             ValueError: If the variable is unset and the server is not local.
         """
-        env = str(option(self.cfg, "api_key_env", "OPENAI_API_KEY"))
+        env = str(self.cfg.api_key_env)
         key = os.environ.get(env)
         if key:
             return key
@@ -183,24 +149,24 @@ class OpenAIBackend:
                          "(keys never go in configs)")
 
     def client(self) -> Any:
-        """The ``openai.OpenAI`` client, made once (without its own retries: ``_call`` retries)."""
+        """The ``openai.OpenAI`` client, made once: ``llm.timeout_s`` per request, ``llm.max_retries`` retries."""
         if self._client is None:
             key = self.api_key()
             from openai import OpenAI
 
-            self._client = OpenAI(api_key=key, base_url=self.base_url, timeout=float(option(self.cfg, "timeout_s", 120.0)),
-                                  max_retries=0)
+            self._client = OpenAI(api_key=key, base_url=self.base_url, timeout=float(self.cfg.timeout_s),
+                                  max_retries=int(self.cfg.max_retries))
         return self._client
 
     def request_kwargs(self, prompt: Prompt) -> dict[str, Any]:
         """The arguments of ``chat.completions.create`` (chat mode) or ``completions.create`` for ``prompt``."""
-        temperature = float(option(self.cfg, "temperature", 0.0))
+        temperature = float(self.cfg.temperature)
         kwargs: dict[str, Any] = {
             "model": self.model,
             "temperature": temperature,
-            "top_p": float(option(self.cfg, "top_p", 1.0)) if temperature > 0 else 1.0,
+            "top_p": float(self.cfg.top_p) if temperature > 0 else 1.0,
             "max_tokens": token_cap(self.cfg, self.grammar),
-            "seed": int(option(self.cfg, "seed", 0)),
+            "seed": int(self.cfg.seed),
         }
         if self.stop:
             kwargs["stop"] = self.stop
@@ -219,7 +185,7 @@ class OpenAIBackend:
         return kwargs
 
     def _request(self, prompt: Prompt) -> Completion:
-        """One request, without retries."""
+        """One request (the client retries it)."""
         client = self.client()
         kwargs = self.request_kwargs(prompt)
         if self.uses_chat:
@@ -236,35 +202,27 @@ class OpenAIBackend:
         )
 
     def _call(self, prompt: Prompt) -> Completion:
-        """One prompt's completion, retrying what may pass later.
+        """One prompt's completion; a failure the client's retries did not cure becomes an ``LLMRequestError``.
 
         Raises:
-            LLMRequestError: On a non-retryable status, or when the last retry fails too.
+            LLMRequestError: Naming the question, the server, what failed (the status with the
+                server's error text, a timeout, a connection error) and the retries spent.
         """
         import openai
 
-        retries = int(option(self.cfg, "max_retries", 6))
-        attempt = 0
-        while True:
-            retry_after = None
-            try:
-                return self._request(prompt)
-            except openai.APIStatusError as e:
-                if not _retryable_status(e.status_code):
-                    raise LLMRequestError(f"{prompt.qid}: HTTP {e.status_code} from {self.base_url or OFFICIAL_HOST}: "
-                                          f"{_server_text(e)}") from e
-                error: Exception = e
-                reason = f"HTTP {e.status_code}: {_server_text(e)}"
-                retry_after = retry_after_s(getattr(e.response, "headers", None))
-            except openai.APITimeoutError as e:
-                error, reason = e, f"timed out after {option(self.cfg, 'timeout_s', 120.0)} s"
-            except openai.APIConnectionError as e:
-                error, reason = e, f"connection error: {e}"
-            if attempt >= retries:
-                raise LLMRequestError(f"{prompt.qid}: request to {self.base_url or OFFICIAL_HOST} still failing after "
-                                      f"{retries} retries ({reason})") from error
-            time.sleep(backoff_delay(attempt, retry_after))
-            attempt += 1
+        server = self.base_url or OFFICIAL_HOST
+        try:
+            return self._request(prompt)
+        except openai.APIStatusError as e:
+            reason = f"HTTP {e.status_code} from {server}: {_server_text(e)}"
+            error: Exception = e
+        except openai.APITimeoutError as e:
+            reason, error = f"request to {server} timed out after {self.cfg.timeout_s} s", e
+        except openai.APIConnectionError as e:
+            reason, error = f"connection error with {server}: {e}", e
+        retries = retries_spent(error)
+        after = f" (after {retries} retries)" if retries else ""
+        raise LLMRequestError(f"{prompt.qid}: {reason}{after}") from error
 
     def generate(self, prompts: Sequence[Prompt],
                  on_result: Callable[[int, Completion], None] | None = None) -> list[Completion]:
@@ -288,7 +246,7 @@ class OpenAIBackend:
         self.client()  # fail on a missing key before starting threads
         results: list[Completion | None] = [None] * len(prompts)
         first_error: Exception | None = None
-        pool = ThreadPoolExecutor(max_workers=max(1, int(option(self.cfg, "concurrency", 8))),
+        pool = ThreadPoolExecutor(max_workers=max(1, int(self.cfg.concurrency)),
                                   thread_name_prefix="cbr2-openai")
         try:
             futures: dict[Future, int] = {pool.submit(self._call, p): i for i, p in enumerate(prompts)}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cbr2.llm.base import (
     Completion,
@@ -23,10 +23,12 @@ from cbr2.llm.base import (
     apply_chat_template,
     cut_at_stop,
     decoding_identity,
-    option,
     stop_strings,
     token_cap,
 )
+
+if TYPE_CHECKING:
+    from cbr2.config import LLMConfig
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +39,9 @@ INSTALL_HINT = "install it with `pip install -e .[vllm]` on a GPU node (vLLM nee
 """What to do when ``import vllm`` fails."""
 
 
-def model_name(cfg: Any) -> str:
+def model_name(cfg: LLMConfig) -> str:
     """The configured model, or ``DEFAULT_MODEL`` when ``llm.model`` is unset."""
-    return option(cfg, "model") or DEFAULT_MODEL
+    return cfg.model or DEFAULT_MODEL
 
 
 MEMORY_SHARE = 0.9
@@ -81,7 +83,7 @@ def _gpu_facts() -> tuple[int | None, int | None, int | None]:
     return visible_gpus() or torch.cuda.device_count(), free, total
 
 
-def engine_kwargs(cfg: Any, gpus: int | None = None, free_bytes: int | None = None,
+def engine_kwargs(cfg: LLMConfig, gpus: int | None = None, free_bytes: int | None = None,
                   total_bytes: int | None = None) -> dict[str, Any]:
     """Keyword arguments of ``vllm.LLM(...)`` for the llm config section.
 
@@ -95,24 +97,23 @@ def engine_kwargs(cfg: Any, gpus: int | None = None, free_bytes: int | None = No
         ``model``, ``tensor_parallel_size``, ``gpu_memory_utilization``, ``seed``, ``dtype``,
         ``enable_prefix_caching`` and, when set, ``max_model_len``.
     """
-    tp = option(cfg, "tensor_parallel_size")
-    share = option(cfg, "gpu_memory_utilization")
+    tp = cfg.tensor_parallel_size
+    share = cfg.gpu_memory_utilization
     kwargs: dict[str, Any] = {
         "model": model_name(cfg),
         "tensor_parallel_size": int(tp) if tp is not None else tensor_parallel_size(gpus),
         "gpu_memory_utilization": float(share) if share is not None else memory_share(free_bytes, total_bytes),
-        "seed": int(option(cfg, "seed", 0)),
-        "dtype": str(option(cfg, "dtype", "auto")),
+        "seed": int(cfg.seed),
+        "dtype": str(cfg.dtype),
         # Every prompt of a run shares the long system part: its KV blocks are computed once.
         "enable_prefix_caching": True,
     }
-    max_model_len = option(cfg, "max_model_len")
-    if max_model_len is not None:
-        kwargs["max_model_len"] = int(max_model_len)
+    if cfg.max_model_len is not None:
+        kwargs["max_model_len"] = int(cfg.max_model_len)
     return kwargs
 
 
-def sampling_kwargs(cfg: Any, grammar: Any = None) -> dict[str, Any]:
+def sampling_kwargs(cfg: LLMConfig, grammar: Any = None) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams(...)`` for the llm config section.
 
     Temperature 0 is greedy decoding: ``top_p`` is then 1 and no per-request seed is set (it
@@ -128,14 +129,14 @@ def sampling_kwargs(cfg: Any, grammar: Any = None) -> dict[str, Any]:
         ``temperature``, ``top_p``, ``max_tokens``, ``stop`` and ``seed``; with a grammar also
         ``structured_outputs`` (the keyword arguments of ``StructuredOutputsParams``).
     """
-    temperature = float(option(cfg, "temperature", 0.0))
+    temperature = float(cfg.temperature)
     greedy = temperature <= 0.0
     kwargs = {
         "temperature": 0.0 if greedy else temperature,
-        "top_p": 1.0 if greedy else float(option(cfg, "top_p", 1.0)),
+        "top_p": 1.0 if greedy else float(cfg.top_p),
         "max_tokens": token_cap(cfg, grammar),
         "stop": stop_strings(cfg),
-        "seed": None if greedy else int(option(cfg, "seed", 0)),
+        "seed": None if greedy else int(cfg.seed),
     }
     if grammar is not None:
         kwargs["structured_outputs"] = {"grammar": grammar.ebnf}
@@ -195,7 +196,7 @@ class VLLMBackend:
 
     name = "vllm"
 
-    def __init__(self, cfg: Any, grammar: Any = None):
+    def __init__(self, cfg: LLMConfig, grammar: Any = None):
         self.cfg = cfg
         self.grammar = grammar
         self.model = model_name(cfg)
@@ -206,8 +207,7 @@ class VLLMBackend:
     @property
     def uses_chat(self) -> bool:
         """``llm.chat`` when set, else True (the default model is an instruction model)."""
-        chat = option(self.cfg, "chat")
-        return True if chat is None else bool(chat)
+        return True if self.cfg.chat is None else bool(self.cfg.chat)
 
     def identity(self) -> dict[str, Any]:
         """What, beside the prompt, decides the output: the predictions-cache key."""

@@ -16,7 +16,6 @@ from cbr2.config import CONFIG_DIR, TrainConfig, load_config
 from cbr2.data.benchmarks import METAQA, Benchmark
 from cbr2.locks import build_lock
 from cbr2.structural.checkpoints import find_checkpoint
-from cbr2.structural.train import train
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +51,10 @@ def resolve_structural(cfg: DictConfig, bench: Benchmark) -> str:
         root = f" data.root={cfg.data.root}" if cfg.data.root and train_on == cfg.data.name else " data.root=DIR"
         raise ValueError(f"no structural retriever for {cfg.data.name} in {where}/; train one with "
                          f"`python train.py data.name={train_on}{root}` or set structural.checkpoint=PATH")
+    # Lightning and torch load only when training is needed (evaluate.py must start fast); the
+    # module attribute is looked up at call time, so tests can replace it.
+    from cbr2.structural import train as training
+
     with build_lock(where / f"structural-{train_on}", f"the {train_on} structural retriever"):
         found = find_checkpoint(where, train_on)  # trained by another job while this one waited?
         if found is not None:
@@ -60,4 +63,4 @@ def resolve_structural(cfg: DictConfig, bench: Benchmark) -> str:
                     cfg.data.name, where, train_on)
         train_cfg = load_config([f"data.name={train_on}", f"structural.checkpoints_dir={where}"],
                                 files=[CONFIG_DIR / "train.yaml"], schema=TrainConfig)
-        return str(train(train_cfg)["checkpoint"])
+        return str(training.train(train_cfg)["checkpoint"])

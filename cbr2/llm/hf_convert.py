@@ -1,0 +1,147 @@
+"""The ``hf`` backend's packaged models: a GGUF file converted once into a plain transformers folder.
+
+Reading a GGUF costs transformers 20-100 s, so a packaged model (``cbr2.llm.packaged``) is
+converted once into a plain fp32 folder under ``<cache>/llm/`` (loads in ~0.5 s after). The
+conversion is written beside its destination and renamed into place with a marker written last,
+so a killed conversion never leaves a folder that looks complete, and concurrent jobs agree on
+one folder (``cbr2.locks.build_lock``).
+
+``torch`` and ``transformers`` are imported inside ``convert_gguf`` only.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from cbr2.llm.packaged import gguf_fingerprint
+from cbr2.locks import build_lock
+
+log = logging.getLogger(__name__)
+
+CONVERSION_FORMAT = 1
+"""Bump when the converted folder's layout or content changes (old folders are then ignored)."""
+
+MARKER = "cbr2-conversion.json"
+"""Written last into a converted folder: a folder without it is never used."""
+
+
+def converted_dir(gguf: str | Path, root: str | Path | None = None) -> Path:
+    """Where the plain-folder conversion of ``gguf`` lives: ``<cache>/llm/<name>-<hash>``.
+
+    Args:
+        gguf: The GGUF file.
+        root: The project cache folder; ``cache_root(None)`` (``$CBR2_CACHE_DIR`` or
+            ``~/.cache/cbr2``) when unset.
+    """
+    if root is None:
+        from cbr2.retrieval.cache import cache_root
+
+        root = cache_root(None)
+    gguf = Path(gguf)
+    name = gguf.name.removesuffix(".gguf")
+    return Path(root) / "llm" / f"{name}-{gguf_fingerprint(gguf)}"
+
+
+def is_converted(folder: str | Path, fingerprint: str) -> bool:
+    """Whether ``folder`` is a complete conversion of the GGUF with ``fingerprint``."""
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    if meta.get("format") != CONVERSION_FORMAT or meta.get("gguf") != fingerprint:
+        return False
+    files = meta.get("files", {})
+    return bool(files) and all((folder / f).is_file() and (folder / f).stat().st_size == size
+                               for f, size in files.items())
+
+
+def convert_gguf(gguf: str | Path, out: str | Path) -> None:
+    """Write the model and tokenizer of a GGUF file to ``out`` as a plain fp32 HF folder.
+
+    A model loaded from a GGUF refuses ``save_pretrained``, so a fresh model is built from its
+    config (without the GGUF quantisation entry) and given its de-quantised weights.
+
+    Args:
+        gguf: The GGUF file.
+        out: An existing, empty folder.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = Path(gguf)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = copy.deepcopy(loaded.config)
+    if hasattr(config, "quantization_config"):
+        # Left in, it would make from_pretrained look for the GGUF file again.
+        delattr(config, "quantization_config")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), strict=True, assign=True)
+    model.tie_weights()
+    model.generation_config = copy.deepcopy(loaded.generation_config)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+
+
+def ensure_converted(gguf: str | Path, dest: str | Path | None = None,
+                     convert: Callable[[Path, Path], None] | None = None) -> Path:
+    """The converted folder of ``gguf``, converting it now when no complete one exists.
+
+    The conversion is written to a temporary folder beside ``dest`` and renamed into place, so
+    a killed conversion never leaves a folder that looks complete; a folder without a valid
+    marker (half-written, other GGUF, older format) is replaced. When two processes convert at
+    once, the first rename wins and the other process uses its folder.
+
+    Args:
+        gguf: The GGUF file.
+        dest: Target folder; ``converted_dir(gguf)`` when unset.
+        convert: Writes the conversion into an empty folder; ``convert_gguf`` when unset
+            (tests pass a fast stand-in).
+
+    Returns:
+        The folder, complete.
+    """
+    gguf = Path(gguf)
+    dest = Path(dest) if dest is not None else converted_dir(gguf)
+    fingerprint = gguf_fingerprint(gguf)
+    if is_converted(dest, fingerprint):
+        return dest
+    with build_lock(dest, f"the converted {gguf.name}"):
+        if not is_converted(dest, fingerprint):  # another job may have converted it meanwhile
+            _convert_into(gguf, dest, fingerprint, convert)
+    return dest
+
+
+def _convert_into(gguf: Path, dest: Path, fingerprint: str, convert: Callable[[Path, Path], None] | None) -> None:
+    log.info("converting %s to a plain model folder %s (once; takes ~20-60 s)", gguf.name, dest)
+    start = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        (convert or convert_gguf)(gguf, tmp)
+        files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
+        (tmp / MARKER).write_text(json.dumps({"format": CONVERSION_FORMAT, "gguf": fingerprint,
+                                              "source": str(gguf), "files": files}, indent=1))
+        if dest.exists() and not is_converted(dest, fingerprint):
+            # An incomplete folder: move it aside first (rename is atomic, rmtree is not).
+            stale = dest.with_name(f".{dest.name}.stale-{os.getpid()}-{time.time_ns()}")
+            dest.rename(stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            tmp.rename(dest)
+        except OSError:
+            if not is_converted(dest, fingerprint):  # not a concurrent conversion that finished first
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    log.info("converted %s in %.1f s", gguf.name, time.perf_counter() - start)
