@@ -47,7 +47,8 @@ from cbr2.llm import backend_class, make_backend
 from cbr2.llm.base import Completion, Prompt
 from cbr2.retrieval.cases import VIEWS, Query
 from cbr2.retrieval.knowledge import Knowledge
-from cbr2.retrieval.retriever import CASE_MODES, Retrieved, Retriever, check_retrieval_config, resolve_structural
+from cbr2.retrieval.retriever import CASE_MODES, Retrieved, Retriever, check_retrieval_config
+from cbr2.structural.on_demand import resolve_structural
 
 log = logging.getLogger(__name__)
 
