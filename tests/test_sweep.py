@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from cbr2.cluster.sweep import Sweep, expand_grid, expand_vary, main, split_values
+from cbr2.cluster.grid import expand_grid, expand_vary, split_values
+from cbr2.cluster.sweep import Sweep, main
 from cbr2.config import ConfigError
 
 BASE = ["llm.backend=gold", "generation.constrained=false", "eval.per_category=null", "eval.limit=6", "wandb.mode=disabled",
