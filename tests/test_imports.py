@@ -29,17 +29,9 @@ LIGHT_MODULES = ("cbr2", "cbr2.config", "cbr2.evaluation.metrics", "cbr2.evaluat
                  "cbr2.generation.prompt", "cbr2.common.console")
 """Light modules of packages that also hold heavy ones."""
 
-_VIA_PROMPT = ("faiss: cbr2.generation.prompt imports cbr2.retrieval.cases (for Case and Query), whose "
-               "cbr2.retrieval.cache and cbr2.retrieval.index import faiss at module level")
-
-KNOWN_HEAVY: dict[str, str] = {
-    "cbr2.generation.prompt": _VIA_PROMPT,
-    "cbr2.evaluation.metrics": "through cbr2.generation.fallback → " + _VIA_PROMPT,
-    "cbr2.evaluation.scoring": "through cbr2.generation.prompt → " + _VIA_PROMPT,
-    "cbr2.evaluation.run_report": "through cbr2.evaluation.metrics → " + _VIA_PROMPT,
-}
+KNOWN_HEAVY: dict[str, str] = {}
 """Light modules that still load a heavy package, with why: expected failures (strict, so a fix is
-noticed) until the module that pulls it in imports it lazily."""
+noticed) until the module that pulls it in imports it lazily. None left."""
 
 
 def _modules_of(package: str) -> list[str]:

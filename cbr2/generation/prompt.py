@@ -29,13 +29,16 @@ import hashlib
 import json
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from cbr2.kb.triples import Triple
 from cbr2.kopl.functions import CLOSED_KINDS, FUNCTIONS, FunctionSpec
 from cbr2.kopl.text import FORMATS, to_text
 from cbr2.llm.base import Prompt
-from cbr2.retrieval.cases import Case, Query
-from cbr2.retrieval.knowledge import Knowledge
+
+if TYPE_CHECKING:  # annotations only: the retrieval modules load faiss, the prompt needs none of it
+    from cbr2.retrieval.cases import Case, Query
+    from cbr2.retrieval.knowledge import Knowledge
 
 PROMPT_VERSION = "cbr2-prompt-1"
 """Bump on any change to what a prompt says or how it is laid out."""
