@@ -8,6 +8,15 @@ written to a temporary folder and renamed, under a build lock, so concurrent SLU
 build an entry once and never see a half-written one. On load, the metadata, sizes, dtype
 and checksums are verified; an entry that does not match, whatever is wrong with it, is
 removed with a warning and rebuilt, never used.
+
+A collection larger than ``chunk_size`` texts is encoded in chunks, with one progress bar,
+and each chunk is written as it is done to ``{label}-{key}.partial/`` (``part-00001.npy`` with
+``part-00001.json``: its first row, row count, dimension and checksum, written last so it
+marks the part complete). A build that is killed (a SLURM time limit, a pre-empted node)
+resumes from the parts already written: the next call checks them and encodes only the rest.
+A part that does not check out is removed with a warning and encoded again, with every part
+after it. When all parts are in, the entry is assembled and renamed into place as above and
+the partial folder is deleted. Smaller collections are encoded in one call, as before.
 """
 
 from __future__ import annotations
@@ -31,6 +40,12 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 """Bump when the entry layout or the meaning of a key changes."""
+
+PARTIAL_FORMAT = 1
+"""Bump when the layout of a partial (resumable) build changes; older partials are then discarded."""
+
+CHUNK_TEXTS = 8192
+"""Texts per resumable part (about half a minute of MiniLM on two CPU cores)."""
 
 
 def cache_root(configured: str | None = None) -> Path:
@@ -64,15 +79,65 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def _partial(entry: Path) -> Path:
+    """The folder of an entry's resumable build."""
+    return entry.parent / f"{entry.name}.partial"
+
+
+def _checked(embeddings: np.ndarray, n: int) -> np.ndarray:
+    """``embeddings`` as C-contiguous float32 rows, after checking there is one per text."""
+    embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+    if embeddings.ndim != 2 or embeddings.shape[0] != n:
+        raise ValueError(f"encoder returned embeddings of shape {embeddings.shape} for {n} texts")
+    return embeddings
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _write_part(folder: Path, number: int, start: int, block: np.ndarray) -> None:
+    """``part-NNNNN.npy``, then its ``.json`` record (the mark that the part is complete)."""
+    part = folder / f"part-{number:05d}"
+    tmp = folder / f".{part.name}.npy.tmp"
+    with tmp.open("wb") as handle:
+        np.save(handle, block, allow_pickle=False)
+    os.replace(tmp, part.with_suffix(".npy"))
+    record = {"start": start, "rows": int(block.shape[0]), "dim": int(block.shape[1]),
+              "sha256": _file_sha256(part.with_suffix(".npy"))}
+    _write_atomic(part.with_suffix(".json"), json.dumps(record) + "\n")
+
+
+def _read_part(part: Path, start: int, rows: int, dim: int | None) -> np.ndarray:
+    """One written part, checked against its record and its place in the build."""
+    record = json.loads(part.with_suffix(".json").read_text(encoding="utf-8"))
+    if not isinstance(record, dict) or record.get("start") != start or record.get("rows") != rows:
+        raise ValueError(f"its record {record!r} does not describe rows {start}-{start + rows - 1}")
+    if dim is not None and record.get("dim") != dim:
+        raise ValueError(f"it has {record.get('dim')!r} dimensions, the parts before it {dim}")
+    if _file_sha256(part.with_suffix(".npy")) != record.get("sha256"):
+        raise ValueError("it does not match its checksum")
+    block = np.load(part.with_suffix(".npy"), allow_pickle=False)
+    if block.dtype != np.float32 or block.shape != (rows, record["dim"]):
+        raise ValueError(f"it holds {block.dtype} of shape {block.shape}, expected float32 of ({rows}, {record['dim']})")
+    return block
+
+
 class EmbeddingStore:
     """Embeddings and indexes of text collections, built once and reused across runs.
 
     Args:
         root: Cache folder (created on first write).
+        chunk_size: Collections of more texts are encoded in resumable parts of this many.
     """
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, chunk_size: int = CHUNK_TEXTS):
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
         self.root = Path(root)
+        self.chunk_size = chunk_size
 
     def get(self, label: str, texts: Sequence[str], encoder: str, fingerprint: str,
             embed: Callable[[Sequence[str]], np.ndarray], index_kind: str = "flat") -> tuple[np.ndarray, faiss.Index]:
@@ -83,7 +148,8 @@ class EmbeddingStore:
             texts: What is embedded; part of the key.
             encoder: Encoder name; part of the key.
             fingerprint: ``encoders.weights_fingerprint`` of the encoder; part of the key.
-            embed: Computes the embeddings when the entry is missing or invalid.
+            embed: Computes the embeddings when the entry is missing or invalid; called once, or
+                once per part of ``chunk_size`` texts for a larger collection.
             index_kind: ``flat``, ``hnsw`` or ``ivf``.
         """
         meta = {"format": FORMAT, "encoder": encoder, "weights": fingerprint, "content": content_hash(texts),
@@ -102,12 +168,80 @@ class EmbeddingStore:
     def _build(self, entry: Path, meta: dict, texts: Sequence[str], label: str, encoder: str,
                embed: Callable[[Sequence[str]], np.ndarray], index_kind: str) -> tuple[np.ndarray, faiss.Index]:
         log.info("encoding %d %s with %s (cache: %s)", len(texts), label, encoder, entry)
-        embeddings = np.ascontiguousarray(embed(texts), dtype=np.float32)
-        if embeddings.shape[0] != len(texts):
-            raise ValueError(f"encoder returned {embeddings.shape[0]} embeddings for {len(texts)} texts")
+        if len(texts) > self.chunk_size:
+            embeddings = self._encode_in_parts(entry, meta, texts, label, embed)
+        else:
+            embeddings = _checked(embed(texts), len(texts))
         index = build_index(embeddings, index_kind)
         self._save(entry, meta, embeddings, index, index_kind)
+        _remove(_partial(entry))
         return embeddings, index
+
+    def _encode_in_parts(self, entry: Path, meta: dict, texts: Sequence[str], label: str,
+                         embed: Callable[[Sequence[str]], np.ndarray]) -> np.ndarray:
+        """All embeddings of ``texts``, resuming from the parts a killed build left (see the module)."""
+        from tqdm.auto import tqdm
+
+        folder, n, size = _partial(entry), len(texts), self.chunk_size
+        manifest = {**meta, "partial_format": PARTIAL_FORMAT, "chunk": size}
+        out, done = self._resume(folder, manifest, n)
+        if done:
+            log.info("resuming the %s embeddings after %d of %d texts (%s)", label, done, n, folder)
+        else:
+            _remove(folder)
+            folder.mkdir(parents=True)
+            _write_atomic(folder / "meta.json", json.dumps(manifest, indent=2) + "\n")
+        with tqdm(total=n, initial=done, unit="text", desc=f"encoding {label}", dynamic_ncols=True) as bar:
+            for start in range(done, n, size):
+                block = _checked(embed(texts[start: start + size]), min(size, n - start))
+                if out is None:
+                    out = np.empty((n, block.shape[1]), dtype=np.float32)
+                if block.shape[1] != out.shape[1]:
+                    raise ValueError(f"encoder returned {block.shape[1]} dimensions after {out.shape[1]}")
+                out[start: start + len(block)] = block
+                _write_part(folder, start // size + 1, start, block)
+                bar.update(len(block))
+        return out
+
+    def _resume(self, folder: Path, manifest: dict, n: int) -> tuple[np.ndarray | None, int]:
+        """The leading parts of a partial build that check out, as ``(embeddings so far, rows done)``.
+
+        A partial build of other content or layout is discarded; the first part that is
+        missing or damaged ends the resumable prefix, and it and every later part are removed
+        (with a warning when damaged), so they are encoded again.
+        """
+        if not folder.is_dir():
+            return None, 0
+        try:
+            stored = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+            if stored != manifest:
+                raise ValueError("it belongs to another build (its meta.json differs)")
+        except Exception as err:  # noqa: BLE001 - any unreadable partial is only lost work
+            log.warning("partial build %s is unusable (%s: %s); encoding from the start", folder,
+                        type(err).__name__, err)
+            return None, 0
+        size, out, done, number = manifest["chunk"], None, 0, 1
+        while done < n:
+            part = folder / f"part-{number:05d}"
+            if not part.with_suffix(".json").exists():
+                break
+            try:
+                block = _read_part(part, done, min(size, n - done), None if out is None else out.shape[1])
+            except MemoryError:
+                raise
+            except Exception as err:  # noqa: BLE001 - a damaged part costs its re-encoding, nothing else
+                log.warning("part %s of the partial build is unusable (%s: %s); encoding it again",
+                            part.name, type(err).__name__, err)
+                break
+            if out is None:
+                out = np.empty((n, block.shape[1]), dtype=np.float32)
+            out[done: done + len(block)] = block
+            done += len(block)
+            number += 1
+        for stale in sorted(folder.glob("part-*")):
+            if stale.name.split(".")[0] >= f"part-{number:05d}":
+                stale.unlink(missing_ok=True)
+        return out, done
 
     def _load(self, entry: Path, meta: dict) -> tuple[np.ndarray, faiss.Index] | None:
         """The entry's embeddings and index, or None when it is missing or unusable.

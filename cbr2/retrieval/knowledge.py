@@ -12,7 +12,7 @@ import numpy as np
 
 from cbr2.kb.model import KB
 from cbr2.kb.triples import Triple, fact_triples, ontology_triples
-from cbr2.retrieval.cache import EmbeddingStore
+from cbr2.retrieval.cache import CHUNK_TEXTS, EmbeddingStore
 from cbr2.retrieval.encoders import encode, weights_fingerprint
 from cbr2.retrieval.index import search, to_device
 
@@ -49,15 +49,19 @@ class KnowledgeRetriever:
         self.k_ontology, self.k_facts = k_ontology, k_facts
         fingerprint = weights_fingerprint(model)
 
-        def embed(texts):
-            return encode(model, texts, batch_size, progress=None)
+        def embedder(total: int):
+            # The store encodes a collection of more than chunk_size texts in resumable parts under
+            # one progress bar of its own; a smaller one in one call, with the encoder's bar.
+            progress = False if total > getattr(store, "chunk_size", CHUNK_TEXTS) else None
+            return lambda texts: encode(model, texts, batch_size, progress=progress)
 
         self.ontology: list[Triple] = ontology_triples(kb) if k_ontology > 0 else []
         self.facts: list[Triple] = list(fact_triples(kb)) if k_facts > 0 else []
         self._indexes = {}
         for label, triples in (("ontology", self.ontology), ("facts", self.facts)):
             if triples:
-                _, index = store.get(label, [t.text for t in triples], encoder, fingerprint, embed, index_kind)
+                _, index = store.get(label, [t.text for t in triples], encoder, fingerprint,
+                                     embedder(len(triples)), index_kind)
                 self._indexes[label] = to_device(index, device)
 
     def retrieve(self, query_embeddings: np.ndarray) -> list[Knowledge]:
