@@ -28,7 +28,7 @@ protocol 5 sections: a header, the four engine indexes, the entity offsets as in
 entities one pickle each, read through ``mmap``) and ``meta.json`` (format, kind, the source's
 hash and size, the sections' offsets, the size and SHA-256 of ``store.bin``). Like the
 retrieval cache (``cbr2.retrieval.cache``) it is written to a temporary folder and renamed into
-place under a build lock (``cbr2.locks``), so shards starting together build it once and never
+place under a build lock (``cbr2.common.locks``), so shards starting together build it once and never
 see half of it; on every load the metadata, sizes and checksum are verified, and an entry that
 does not check out, whatever is wrong with it, is removed with a warning and rebuilt. The
 pickles are read with an unpickler that resolves no global except ``datetime.date`` (the only
@@ -318,7 +318,7 @@ def load_kb(path: str | Path, kind: str | None = None, cache_dir: str | Path | N
     expected = _expected_meta(kind, sha, path.stat().st_size)
     kb = _open(entry, expected, str(path))
     if kb is None:
-        from cbr2.locks import build_lock
+        from cbr2.common.locks import build_lock
 
         try:
             with build_lock(entry, f"the KB store of {path}"):

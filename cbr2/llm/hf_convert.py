@@ -4,7 +4,7 @@ Reading a GGUF costs transformers 20-100 s, so a packaged model (``cbr2.llm.pack
 converted once into a plain fp32 folder under ``<cache>/llm/`` (loads in ~0.5 s after). The
 conversion is written beside its destination and renamed into place with a marker written last,
 so a killed conversion never leaves a folder that looks complete, and concurrent jobs agree on
-one folder (``cbr2.locks.build_lock``).
+one folder (``cbr2.common.locks.build_lock``).
 
 ``torch`` and ``transformers`` are imported inside ``convert_gguf`` only.
 """
@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from cbr2.common.locks import build_lock
 from cbr2.llm.packaged import gguf_fingerprint
-from cbr2.locks import build_lock
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cbr2.locks import build_lock
+from cbr2.common.locks import build_lock
 
 log = logging.getLogger(__name__)
 

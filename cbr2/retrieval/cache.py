@@ -33,7 +33,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from cbr2.locks import build_lock
+from cbr2.common.locks import build_lock
 from cbr2.retrieval.index import build_index
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from cbr2.common.locks import build_lock
 from cbr2.config import CONFIG_DIR, TrainConfig, load_config
 from cbr2.data.benchmarks import METAQA, Benchmark
-from cbr2.locks import build_lock
 from cbr2.structural.checkpoints import find_checkpoint
 
 log = logging.getLogger(__name__)
