@@ -150,3 +150,18 @@ def test_the_readme_states_the_default_run_as_the_config_has_it():
     # Nowhere else does the README give the default sample another size.
     n = cfg.eval.per_category
     assert not re.search(rf"default[^.]*\b(?!{n}\b)\d+ (questions )?per category", readme)
+
+
+def test_lightning_imported_after_the_setup_prints_once_too():
+    import subprocess
+    import sys
+
+    code = (
+        "import logging\n"
+        "from cbr2.common.console import setup_logging\n"
+        "setup_logging()\n"
+        "import cbr2.structural.train\n"  # on-demand training imports Lightning inside an evaluation
+        "logging.getLogger('lightning.pytorch.utilities.rank_zero').info('fit stopped')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert proc.stderr.count("fit stopped") == 1, proc.stderr

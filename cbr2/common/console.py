@@ -67,12 +67,7 @@ def setup_logging(level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # Lightning gives its loggers their own handler when it is imported before logging is set up,
-    # and then each of its messages was printed twice: once by it, once by the root handler.
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric"):
-        logger = logging.getLogger(name)
-        logger.handlers.clear()
-        logger.propagate = True
+    route_library_loggers()
     for name, patterns in _QUIET_MESSAGES.items():
         logger = logging.getLogger(name)
         logger.filters = [f for f in logger.filters if not isinstance(f, _DropMessages)]
@@ -90,6 +85,20 @@ def setup_logging(level: int = logging.INFO) -> None:
             sys.modules["huggingface_hub"].utils.disable_progress_bars()
         if "transformers" in sys.modules:
             sys.modules["transformers"].utils.logging.disable_progress_bar()
+
+
+def route_library_loggers() -> None:
+    """Send Lightning's loggers through the root handler only.
+
+    Importing ``lightning`` gives its logger a handler of its own (and, before logging is set up,
+    its subpackages too), so each of its messages was printed twice: by it and by the root
+    handler. ``setup_logging`` calls this, and so does every module that imports Lightning, for
+    the case where that import comes after the setup (training on demand inside an evaluation).
+    """
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
 
 
 def duration(seconds: float) -> str:

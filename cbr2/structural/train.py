@@ -34,7 +34,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from omegaconf import DictConfig, OmegaConf
 
 from cbr2.cluster import slurm
-from cbr2.common.console import Progress
+from cbr2.common.console import Progress, route_library_loggers
 from cbr2.config import ConfigError, git_hash
 from cbr2.evaluation.tracking import announce, wandb_mode
 from cbr2.structural.checkpoints import export_checkpoint
@@ -42,6 +42,7 @@ from cbr2.structural.data import PairDataModule
 from cbr2.structural.module import StructuralRetriever
 
 log = logging.getLogger(__name__)
+route_library_loggers()  # `import lightning` above gave its logger a handler of its own
 
 MONITOR = "val/sketch_hit@5"
 """The metric that picks the best checkpoint."""
