@@ -33,6 +33,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from cbr2.common.console import Progress
 from cbr2.common.locks import build_lock
 from cbr2.retrieval.index import build_index
 
@@ -180,8 +181,6 @@ class EmbeddingStore:
     def _encode_in_parts(self, entry: Path, meta: dict, texts: Sequence[str], label: str,
                          embed: Callable[[Sequence[str]], np.ndarray]) -> np.ndarray:
         """All embeddings of ``texts``, resuming from the parts a killed build left (see the module)."""
-        from tqdm.auto import tqdm
-
         folder, n, size = _partial(entry), len(texts), self.chunk_size
         manifest = {**meta, "partial_format": PARTIAL_FORMAT, "chunk": size}
         out, done = self._resume(folder, manifest, n)
@@ -191,7 +190,7 @@ class EmbeddingStore:
             _remove(folder)
             folder.mkdir(parents=True)
             _write_atomic(folder / "meta.json", json.dumps(manifest, indent=2) + "\n")
-        with tqdm(total=n, initial=done, unit="text", desc=f"encoding {label}", dynamic_ncols=True) as bar:
+        with Progress(total=n, initial=done, unit="text", desc=f"encoding {label}", logger=log) as bar:
             for start in range(done, n, size):
                 block = _checked(embed(texts[start: start + size]), min(size, n - start))
                 if out is None:

@@ -92,15 +92,15 @@ def encode(model: SentenceTransformer, texts: Sequence[str], batch_size: int = 6
         model: A loaded encoder.
         texts: What to embed.
         batch_size: Texts per forward pass.
-        progress: Show a progress bar; by default only for more than 1,000 texts.
+        progress: Show the encoder's own progress bar (off by default: the embedding cache shows
+            one progress display over all parts, which also reads well in a log file).
     """
     if not texts:
         dim = model.get_embedding_dimension() if hasattr(model, "get_embedding_dimension") \
             else model.get_sentence_embedding_dimension()
         return np.zeros((0, dim), dtype=np.float32)
-    show = len(texts) > 1000 if progress is None else progress
     emb = model.encode(list(texts), batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
-                       show_progress_bar=show)
+                       show_progress_bar=bool(progress))
     return np.ascontiguousarray(emb, dtype=np.float32)
 
 

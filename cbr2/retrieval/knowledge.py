@@ -12,7 +12,7 @@ import numpy as np
 
 from cbr2.kb.model import KB
 from cbr2.kb.triples import Triple, fact_triples, ontology_triples
-from cbr2.retrieval.cache import CHUNK_TEXTS, EmbeddingStore
+from cbr2.retrieval.cache import EmbeddingStore
 from cbr2.retrieval.encoders import encode, weights_fingerprint
 from cbr2.retrieval.index import search, to_device
 
@@ -50,10 +50,9 @@ class KnowledgeRetriever:
         fingerprint = weights_fingerprint(model)
 
         def embedder(total: int):
-            # The store encodes a collection of more than chunk_size texts in resumable parts under
-            # one progress bar of its own; a smaller one in one call, with the encoder's bar.
-            progress = False if total > getattr(store, "chunk_size", CHUNK_TEXTS) else None
-            return lambda texts: encode(model, texts, batch_size, progress=progress)
+            # No encoder bar: the store shows one progress display over the resumable parts of a
+            # large collection, and logs the start of a small one.
+            return lambda texts: encode(model, texts, batch_size)
 
         self.ontology: list[Triple] = ontology_triples(kb) if k_ontology > 0 else []
         self.facts: list[Triple] = list(fact_triples(kb)) if k_facts > 0 else []
