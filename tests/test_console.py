@@ -152,6 +152,7 @@ def test_the_readme_states_the_default_run_as_the_config_has_it():
     assert not re.search(rf"default[^.]*\b(?!{n}\b)\d+ (questions )?per category", readme)
 
 
+@pytest.mark.slow  # a fresh interpreter that imports Lightning and torch
 def test_lightning_imported_after_the_setup_prints_once_too():
     import subprocess
     import sys
