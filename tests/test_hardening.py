@@ -29,11 +29,11 @@ def _embed(calls):
 
 def _rewrite_embeddings(entry, array):
     """Store ``array`` as the entry's vectors with a matching checksum: only dtype/shape checks can tell."""
-    from cbr2.retrieval.cache import _file_sha256
+    from cbr2.common.files import file_sha256
 
     np.save(entry / "embeddings.npy", array, allow_pickle=False)
     meta = json.loads((entry / "meta.json").read_text())
-    meta["embeddings_sha256"] = _file_sha256(entry / "embeddings.npy")
+    meta["embeddings_sha256"] = file_sha256(entry / "embeddings.npy")
     (entry / "meta.json").write_text(json.dumps(meta))
 
 

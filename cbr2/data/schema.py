@@ -14,18 +14,18 @@ e.g. ``kb.json: entities["Q42"].attributes[3]: missing key 'key'``.
 
 from __future__ import annotations
 
-import gc
 import io
 import json
 import re
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, with_config
 from typing_extensions import NotRequired, TypedDict  # pydantic needs these on Python < 3.12
+
+from cbr2.common.files import gc_paused
 
 
 class DataError(ValueError):
@@ -286,24 +286,12 @@ def _adapter(schema: Any) -> TypeAdapter:
     return TypeAdapter(schema)
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    # Validation builds (and drops) a copy of the parsed file: millions of objects without cycles,
-    # which would make the collector rescan the whole heap again and again (3-4x the time on a
-    # KQA Pro-size kb.json). Not for json.loads: what it builds is kept, so pausing only defers.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _check(schema: Any, raw: Any, source: str, mappings: frozenset[str] = frozenset()) -> None:
     """Validate ``raw`` against ``schema``; the validated copy is dropped, the caller keeps ``raw``."""
     try:
-        with _gc_paused():
+        # Validation builds (and drops) a copy of the parsed file; json.loads is left alone, since
+        # what it builds is kept and pausing would only defer the collection.
+        with gc_paused():
             _adapter(schema).validate_python(raw)
     except ValidationError as err:
         _raise_first(source, err, raw, mappings)

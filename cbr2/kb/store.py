@@ -57,11 +57,12 @@ import tempfile
 import time
 from array import array
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from cbr2.common.files import file_sha256, gc_paused, remove_path
+from cbr2.common.locks import build_lock
 from cbr2.kb.loaders import load_kqapro_kb, load_metaqa_kb
 from cbr2.kb.model import KB, Vocabulary
 
@@ -95,27 +96,6 @@ _BLOCK = 1 << 24
 
 # ----------------------------------------------------------------------------- helpers
 
-def file_sha256(path: str | Path) -> str:
-    """SHA-256 of a file, read in 16 MB blocks (never mapped, so it adds nothing to RSS)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(_BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    # Unpickling makes millions of objects without cycles: the collector would rescan them all again and again.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 class _Unpickler(pickle.Unpickler):
     """Resolves ``datetime.date`` and nothing else: the store's pickles hold only plain data."""
 
@@ -129,13 +109,6 @@ class _Unpickler(pickle.Unpickler):
 
 def _loads(data: memoryview | bytes) -> Any:
     return _Unpickler(io.BytesIO(data)).load()
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def _infer_kind(path: Path) -> str:
@@ -211,7 +184,7 @@ class KBStore:
         started = time.perf_counter()
         head = self.header
         indexes = {k: head[k] for k in ("ids", "nodes", "names", "members", "key_type")}
-        with _gc_paused():
+        with gc_paused():
             for name in ENGINE_SECTIONS:
                 indexes[name] = _loads(self.section(name))
             if self.header["stats"].get("attribute_facts", 0) + self.header["stats"].get("relation_facts", 0) \
@@ -271,7 +244,7 @@ class StoredKB(KB):
         """The reference engine's input: fresh dicts (every entity is unpickled anew; no deep copy needed)."""
         import copy
 
-        with _gc_paused():
+        with gc_paused():
             return {"concepts": copy.deepcopy(self.concepts), "entities": dict(self.entities.items())}
 
     def __repr__(self) -> str:
@@ -318,8 +291,6 @@ def load_kb(path: str | Path, kind: str | None = None, cache_dir: str | Path | N
     expected = _expected_meta(kind, sha, path.stat().st_size)
     kb = _open(entry, expected, str(path))
     if kb is None:
-        from cbr2.common.locks import build_lock
-
         try:
             with build_lock(entry, f"the KB store of {path}"):
                 kb = _open(entry, expected, str(path))  # built by another process while this one waited?
@@ -361,7 +332,7 @@ def _open(entry: Path, expected: dict[str, Any], source: str) -> StoredKB | None
     # Whatever stops an entry from loading makes it unusable: it costs a rebuild, never a crash.
     except Exception as err:  # noqa: BLE001
         log.warning("KB store entry %s is unusable (%s: %s); rebuilding it", entry, type(err).__name__, err)
-        _remove(entry)
+        remove_path(entry)
         return None
 
 
@@ -405,7 +376,7 @@ def _build(entry: Path, expected: dict[str, Any], path: Path, kind: str) -> KB:
     """Parse ``path``, write its entry and return it opened (or the parsed KB, warned, when it cannot be stored)."""
     started = time.perf_counter()
     log.info("building the KB store of %s (%s)", path, entry)
-    with _gc_paused():  # the loader pauses it only while validating; the engine while building
+    with gc_paused():  # the loader pauses it only while validating; the engine while building
         return _parse_and_store(entry, expected, path, kind, started)
 
 

@@ -74,11 +74,11 @@ predicate shows it is one of the first two.
 
 from __future__ import annotations
 
-import gc
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from cbr2.common.files import gc_paused
 from cbr2.kb.model import KB
 from cbr2.kopl.errors import ExecutionError
 from cbr2.kopl.indexes import INDEX_FORMAT, Fact, build_indexes, by_name
@@ -128,19 +128,13 @@ class Engine:
     """
 
     def __init__(self, kb: KB):
-        # Building makes many small objects and no cycles; left on, the collector rescans the
-        # whole heap (the KB included) again and again, which on a large KB is most of the time.
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
+        # Building makes many small objects and no cycles (see gc_paused).
+        with gc_paused():
             stored = getattr(kb, "engine_indexes", None)  # a KB from the store (cbr2.kb.store)
             if stored is not None:
                 self._adopt(stored())
             else:
                 self._build(kb)
-        finally:
-            if enabled:
-                gc.enable()
 
     def indexes(self) -> dict[str, Any]:
         """What ``__init__`` builds, as the KB store (``cbr2.kb.store``) saves it.

@@ -34,6 +34,7 @@ import faiss
 import numpy as np
 
 from cbr2.common.console import Progress
+from cbr2.common.files import file_sha256, remove_path
 from cbr2.common.locks import build_lock
 from cbr2.retrieval.index import build_index
 
@@ -64,22 +65,6 @@ def content_hash(texts: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _remove(path: Path) -> None:
-    """Delete a cache entry, whether a folder, a file or a link."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
 def _partial(entry: Path) -> Path:
     """The folder of an entry's resumable build."""
     return entry.parent / f"{entry.name}.partial"
@@ -107,7 +92,7 @@ def _write_part(folder: Path, number: int, start: int, block: np.ndarray) -> Non
         np.save(handle, block, allow_pickle=False)
     os.replace(tmp, part.with_suffix(".npy"))
     record = {"start": start, "rows": int(block.shape[0]), "dim": int(block.shape[1]),
-              "sha256": _file_sha256(part.with_suffix(".npy"))}
+              "sha256": file_sha256(part.with_suffix(".npy"))}
     _write_atomic(part.with_suffix(".json"), json.dumps(record) + "\n")
 
 
@@ -118,7 +103,7 @@ def _read_part(part: Path, start: int, rows: int, dim: int | None) -> np.ndarray
         raise ValueError(f"its record {record!r} does not describe rows {start}-{start + rows - 1}")
     if dim is not None and record.get("dim") != dim:
         raise ValueError(f"it has {record.get('dim')!r} dimensions, the parts before it {dim}")
-    if _file_sha256(part.with_suffix(".npy")) != record.get("sha256"):
+    if file_sha256(part.with_suffix(".npy")) != record.get("sha256"):
         raise ValueError("it does not match its checksum")
     block = np.load(part.with_suffix(".npy"), allow_pickle=False)
     if block.dtype != np.float32 or block.shape != (rows, record["dim"]):
@@ -175,7 +160,7 @@ class EmbeddingStore:
             embeddings = _checked(embed(texts), len(texts))
         index = build_index(embeddings, index_kind)
         self._save(entry, meta, embeddings, index, index_kind)
-        _remove(_partial(entry))
+        remove_path(_partial(entry))
         return embeddings, index
 
     def _encode_in_parts(self, entry: Path, meta: dict, texts: Sequence[str], label: str,
@@ -187,7 +172,7 @@ class EmbeddingStore:
         if done:
             log.info("resuming the %s embeddings after %d of %d texts (%s)", label, done, n, folder)
         else:
-            _remove(folder)
+            remove_path(folder)
             folder.mkdir(parents=True)
             _write_atomic(folder / "meta.json", json.dumps(manifest, indent=2) + "\n")
         with Progress(total=n, initial=done, unit="text", desc=f"encoding {label}", logger=log) as bar:
@@ -262,7 +247,7 @@ class EmbeddingStore:
         # it costs a rebuild, never a crash of this run and of every later one.
         except Exception as err:  # noqa: BLE001
             log.warning("cache entry %s is unusable (%s: %s); rebuilding it", entry, type(err).__name__, err)
-            _remove(entry)
+            remove_path(entry)
             return None
 
     @staticmethod
@@ -276,7 +261,7 @@ class EmbeddingStore:
         if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
             raise ValueError(f"meta.json has dim={dim!r}, not a positive integer")
         emb_path = entry / "embeddings.npy"
-        if _file_sha256(emb_path) != stored.get("embeddings_sha256"):
+        if file_sha256(emb_path) != stored.get("embeddings_sha256"):
             raise ValueError("embeddings.npy does not match its checksum")
         embeddings = np.load(emb_path, allow_pickle=False)
         expected = (meta["n"], dim)
@@ -285,7 +270,7 @@ class EmbeddingStore:
                              f"expected float32 of shape {expected}")
         if stored.get("index_sha256"):
             idx_path = entry / "index.faiss"
-            if _file_sha256(idx_path) != stored["index_sha256"]:
+            if file_sha256(idx_path) != stored["index_sha256"]:
                 raise ValueError("index.faiss does not match its checksum")
             index = faiss.read_index(str(idx_path))
         else:
@@ -299,10 +284,10 @@ class EmbeddingStore:
         tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=self.root))
         try:
             np.save(tmp / "embeddings.npy", embeddings, allow_pickle=False)
-            record = {**meta, "dim": int(embeddings.shape[1]), "embeddings_sha256": _file_sha256(tmp / "embeddings.npy")}
+            record = {**meta, "dim": int(embeddings.shape[1]), "embeddings_sha256": file_sha256(tmp / "embeddings.npy")}
             if kind != "flat" and not isinstance(index, faiss.IndexFlat):
                 faiss.write_index(index, str(tmp / "index.faiss"))
-                record["index_sha256"] = _file_sha256(tmp / "index.faiss")
+                record["index_sha256"] = file_sha256(tmp / "index.faiss")
             (tmp / "meta.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
             try:
                 os.rename(tmp, entry)
