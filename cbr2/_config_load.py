@@ -15,7 +15,6 @@ declared, once:
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import re
 import typing
@@ -26,6 +25,8 @@ from typing import Any, Literal
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from cbr2.common.console import did_you_mean
 
 
 class ConfigError(ValueError):
@@ -84,9 +85,7 @@ def choices(schema: type, prefix: str = "") -> dict[str, tuple[Any, ...]]:
 def unknown_choice(key: str, value: Any, allowed: typing.Iterable[Any]) -> str:
     """``unknown KEY 'VALUE' (did you mean ...?); expected one of ...``."""
     allowed = [str(a) for a in allowed]
-    close = difflib.get_close_matches(str(value), allowed, n=2)
-    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-    return f"unknown {key} {value!r}{hint}; expected one of {', '.join(allowed)}"
+    return f"unknown {key} {value!r}{did_you_mean(value, allowed)}; expected one of {', '.join(allowed)}"
 
 
 def choice_problem(err: OmegaConfBaseException) -> str | None:
@@ -302,9 +301,9 @@ def describe(err: OmegaConfBaseException, cfg: DictConfig) -> str:
     key = getattr(err, "full_key", None) or ""
     if isinstance(err, ConfigKeyError):
         valid = _valid_keys(cfg)
-        close = difflib.get_close_matches(key, valid, n=2, cutoff=0.7)
-        if close:
-            return f"unknown key {key!r} (did you mean {' or '.join(close)}?)"
+        hint = did_you_mean(key, valid, cutoff=0.7)
+        if hint:
+            return f"unknown key {key!r}{hint}"
         section = key.rpartition(".")[0]
         same = [k for k in valid if section and k.startswith(section + ".")]
         if same:

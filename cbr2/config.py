@@ -8,7 +8,6 @@ the key; ``cbr2._config_load`` checks the rest (registry names, ranges) and word
 from __future__ import annotations
 
 import argparse
-import difflib
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Literal
 from omegaconf import DictConfig, OmegaConf
 
 from cbr2._config_load import RANGES, ConfigError, leaves, merge_layers, read_yaml, validate
+from cbr2.common.console import did_you_mean
 
 __all__ = ["RANGES", "ConfigError", "validate"]  # defined in cbr2._config_load, public here
 
@@ -367,8 +367,7 @@ def ablation(name: str) -> Ablation:
     for a in ABLATION_TABLE:
         if a.name == canonical:
             return a
-    close = difflib.get_close_matches(str(canonical), ABLATIONS, n=1, cutoff=0.75)
-    hint = f" (did you mean {close[0]}?)" if close else ""
+    hint = did_you_mean(canonical, ABLATIONS, n=1, cutoff=0.75)
     raise ConfigError(f"unknown ablation {name!r}{hint}; valid: {', '.join(ABLATIONS)}")
 
 

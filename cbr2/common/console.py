@@ -13,12 +13,14 @@ time left, so a log shows where a job is while it runs, not only when it ends.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import re
 import sys
 import time
 import warnings
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
@@ -99,6 +101,16 @@ def route_library_loggers() -> None:
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
+
+
+def did_you_mean(value: object, choices: Iterable[object], n: int = 2, cutoff: float = 0.6) -> str:
+    """`` (did you mean A or B?)`` for the choices closest to ``value``, or ``""`` when none is close.
+
+    Every "unknown X" message of the project (config keys and values, ablations, backends,
+    packaged models) appends this, so a misspelling gets the same suggestion everywhere.
+    """
+    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=n, cutoff=cutoff)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 def duration(seconds: float) -> str:

@@ -9,11 +9,11 @@ packages (torch, transformers, vLLM, openai) are imported inside the backends, s
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from cbr2.common.console import did_you_mean
 from cbr2.llm.base import Backend
 
 if TYPE_CHECKING:
@@ -37,9 +37,8 @@ def backend_class(name: str) -> Callable[..., Backend]:
         ValueError: For an unknown name, with the closest registered names.
     """
     if name not in BACKENDS:
-        close = difflib.get_close_matches(name, BACKENDS, n=2)
-        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-        raise ValueError(f"unknown llm.backend {name!r}{hint}; available: {', '.join(BACKENDS)}")
+        raise ValueError(f"unknown llm.backend {name!r}{did_you_mean(name, BACKENDS)}; "
+                         f"available: {', '.join(BACKENDS)}")
     module, cls = BACKENDS[name].split(":")
     return getattr(importlib.import_module(module), cls)
 

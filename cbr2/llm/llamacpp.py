@@ -20,7 +20,6 @@ vocabulary, that the ``hf`` backend uses.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import logging
 import os
@@ -29,6 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cbr2.common.console import did_you_mean
 from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, stop_strings, token_cap
 from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, gguf_fingerprint, gguf_path
 
@@ -66,9 +66,7 @@ def resolve_gguf(model: str) -> tuple[Path | None, str]:
         path = found[0]
     if path.is_file():
         return path.resolve(), f"{path.name}@{gguf_fingerprint(path)}"
-    close = difflib.get_close_matches(model, PACKAGED, n=2)
-    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-    raise ValueError(f"llm.model {model!r}{hint}: the llamacpp backend reads GGUF files: a packaged model "
+    raise ValueError(f"llm.model {model!r}{did_you_mean(model, PACKAGED)}: the llamacpp backend reads GGUF files: a packaged model "
                      f"({', '.join(PACKAGED)}), a .gguf file or a folder that holds one")
 
 

