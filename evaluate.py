@@ -15,7 +15,8 @@ import argparse
 import sys
 
 from cbr2.common.console import setup_logging
-from cbr2.config import ABLATIONS, Config, ConfigError, add_config_arguments, config_from_args
+from cbr2.common.errors import UserError
+from cbr2.config import ABLATIONS, Config, add_config_arguments, config_from_args
 from cbr2.evaluation.runner import run_evaluation, show_prompt
 
 
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(show_prompt(cfg, args.show_prompt))
             return 0
         metrics = run_evaluation(cfg, retrieval_only=args.retrieval_only, ablation=args.ablation)
-    except (ConfigError, ValueError, OSError) as err:
+    except UserError as err:  # the user's to fix: one line; anything else is a bug and shows its traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
     where = metrics["provenance"]["output_dir"]

@@ -12,7 +12,8 @@ import argparse
 import sys
 
 from cbr2.common.console import setup_logging
-from cbr2.config import ConfigError, TrainConfig, add_config_arguments, config_from_args
+from cbr2.common.errors import UserError
+from cbr2.config import TrainConfig, add_config_arguments, config_from_args
 from cbr2.structural.train import MONITOR, train
 
 
@@ -24,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args, "train.yaml", TrainConfig)
         result = train(cfg)
-    except (ConfigError, ValueError, OSError) as err:  # OSError: a backbone that cannot be loaded
+    except UserError as err:  # the user's to fix: one line; anything else is a bug and shows its traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
     if result["checkpoint"]:  # DDP: only global rank zero exports and reports

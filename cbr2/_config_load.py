@@ -27,11 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from cbr2.common.console import did_you_mean
-
-
-class ConfigError(ValueError):
-    """A configuration file or override that does not fit the schema."""
-
+from cbr2.common.errors import ConfigError
 
 # ------------------------------------------------------------------------------------ choices
 

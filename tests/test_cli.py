@@ -1,6 +1,7 @@
 """The entry points as a user runs them, and that every module imports with CPU dependencies only."""
 
 import importlib
+import importlib.util
 import json
 import pkgutil
 import shutil
@@ -75,6 +76,39 @@ def test_evaluate_cli_errors_exit_2_with_a_message(tmp_path, args, message):
         args = ["data.name=kqapro", f"data.root={root}"]
     proc = _run(*args, f"output_dir={tmp_path}", "eval.limit=5", cwd=tmp_path)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _entry_point(script):
+    """``evaluate.py`` or ``train.py`` as a module (they are scripts, not part of the package)."""
+    spec = importlib.util.spec_from_file_location(Path(script).stem, ROOT / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("script, runs", [("evaluate.py", "run_evaluation"), ("train.py", "train")])
+def test_a_user_error_is_one_line_and_anything_else_shows_its_traceback(script, runs, monkeypatch, capsys):
+    from cbr2.common.errors import SetupError, UserError
+    from cbr2.config import ConfigError
+    from cbr2.data.schema import DataError
+
+    module = _entry_point(script)
+    monkeypatch.setattr(module, "setup_logging", lambda: None)  # the test process keeps its logging
+
+    def raising(error):
+        def run(*args, **kwargs):
+            raise error
+        return run
+
+    for error in (ConfigError("eval.limit=0: too small"), DataError("train.json: [3].answer: missing"),
+                  SetupError("llm.model=x needs the package y"), UserError("the folder holds another run")):
+        monkeypatch.setattr(module, runs, raising(error))
+        assert module.main([]) == 2
+        assert capsys.readouterr().err.splitlines() == [f"error: {error}"]
+    for bug in (ValueError("a library's own ValueError"), OSError("disk full"), KeyError("x")):
+        monkeypatch.setattr(module, runs, raising(bug))
+        with pytest.raises(type(bug)):  # not turned into exit code 2: the traceback shows where it came from
+            module.main([])
 
 
 @pytest.mark.slow

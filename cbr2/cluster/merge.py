@@ -25,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from cbr2.common.console import setup_logging
+from cbr2.common.errors import UserError
 from cbr2.data.benchmarks import Benchmark
 from cbr2.evaluation.metrics import merge_retrieval
 from cbr2.evaluation.records import Prediction, read_records, record_line, records_by_id
@@ -38,7 +39,7 @@ class Shard:
     """One finished shard folder: its config, metrics and shard position.
 
     Raises:
-        ValueError: When the folder is not a finished shard (naming the file that is missing).
+        UserError: When the folder is not a finished shard (naming the file that is missing).
     """
 
     def __init__(self, folder: str | Path):
@@ -46,12 +47,12 @@ class Shard:
         for name in ("config.yaml", "metrics.json"):
             if not (self.dir / name).is_file():
                 hint = " (the shard has not finished: rerun it, it resumes)" if name == "metrics.json" else ""
-                raise ValueError(f"{self.dir}: no {name}{hint}")
+                raise UserError(f"{self.dir}: no {name}{hint}")
         self.cfg: DictConfig = OmegaConf.load(self.dir / "config.yaml")
         self.metrics: dict[str, Any] = json.loads((self.dir / "metrics.json").read_text(encoding="utf-8"))
         self.info: dict[str, Any] | None = self.metrics.get("provenance", {}).get("shard")
         if self.info is None:
-            raise ValueError(f"{self.dir}: not a shard (its metrics.json has no provenance.shard); "
+            raise UserError(f"{self.dir}: not a shard (its metrics.json has no provenance.shard); "
                              "it is a whole run already")
         self.index: int = self.info["index"]
         self.count: int = self.info["count"]
@@ -82,11 +83,11 @@ def check_shards(shards: list[Shard]) -> list[Shard]:
     """The shards in index order, after checking they form exactly one evaluation.
 
     Raises:
-        ValueError: On shards of different configs (naming the keys that differ), a shard
+        UserError: On shards of different configs (naming the keys that differ), a shard
             given twice, or missing shards.
     """
     if not shards:
-        raise ValueError("no shard folders given")
+        raise UserError("no shard folders given")
     first = shards[0]
     reference = _flat(OmegaConf.to_container(unsharded_config(first.cfg)))
     for s in shards[1:]:
@@ -96,15 +97,15 @@ def check_shards(shards: list[Shard]) -> list[Shard]:
         ablations = {first.metrics["provenance"].get("ablation"), s.metrics["provenance"].get("ablation")}
         if diff or len(ablations) > 1 or s.retrieval_only != first.retrieval_only:
             what = ", ".join(diff) or "the ablation or run kind"
-            raise ValueError(f"{s.dir} and {first.dir} are shards of different configurations ({what} differ)")
+            raise UserError(f"{s.dir} and {first.dir} are shards of different configurations ({what} differ)")
     counts = Counter(s.index for s in shards)
     twice = sorted(i for i, c in counts.items() if c > 1)
     if twice:
         dirs = [str(s.dir) for s in shards if s.index in twice]
-        raise ValueError(f"shard(s) {twice} given more than once: {', '.join(dirs)}")
+        raise UserError(f"shard(s) {twice} given more than once: {', '.join(dirs)}")
     missing = sorted(set(range(first.count)) - set(counts))
     if missing:
-        raise ValueError(f"missing shard(s) {missing} of {first.count}; run them (eval.shard=I) before merging")
+        raise UserError(f"missing shard(s) {missing} of {first.count}; run them (eval.shard=I) before merging")
     return sorted(shards, key=lambda s: s.index)
 
 
@@ -119,7 +120,7 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
         The merged metrics (also written to ``out/metrics.json``).
 
     Raises:
-        ValueError: As ``check_shards``, or when a shard's questions are not its share of the
+        UserError: As ``check_shards``, or when a shard's questions are not its share of the
             selection (the data changed, or questions are missing or duplicated).
     """
     shards = check_shards([Shard(d) for d in shard_dirs])
@@ -137,9 +138,9 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
             missing = [q.qid for q in expected if q.qid not in found]
             foreign = sorted(set(found) - wanted)
             if missing:
-                raise ValueError(f"{s.dir}: {len(missing)} question(s) have no prediction, e.g. {missing[:3]}")
+                raise UserError(f"{s.dir}: {len(missing)} question(s) have no prediction, e.g. {missing[:3]}")
             if foreign:
-                raise ValueError(f"{s.dir}/predictions.jsonl holds {len(foreign)} question(s) of other shards or "
+                raise UserError(f"{s.dir}/predictions.jsonl holds {len(foreign)} question(s) of other shards or "
                                  f"selections, e.g. {foreign[:3]}: they would be counted twice")
             by_id.update({qid: found[qid] for qid in wanted})
         path = s.dir / "retrieval.jsonl"
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         out = parents.pop()
     try:
         metrics = merge(args.shards, out)
-    except (ValueError, OSError) as err:
+    except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if "hits@1" in metrics:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from cbr2.common.errors import UserError
+
 
 def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
     return os.environ if env is None else env
@@ -23,7 +25,7 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
     try:
         return int(head)
     except ValueError:
-        raise ValueError(f"${name}={value!r} is not a count") from None
+        raise UserError(f"${name}={value!r} is not a count") from None
 
 
 def in_job(env: Mapping[str, str] | None = None) -> bool:
@@ -38,7 +40,7 @@ def array_task(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
     ``--array=0-10:5`` give positions 0, 1, 2), so it can serve as a shard index.
 
     Raises:
-        ValueError: When the array variables are inconsistent.
+        UserError: When the array variables are inconsistent.
     """
     e = _env(env)
     task, count = _int(e, "SLURM_ARRAY_TASK_ID"), _int(e, "SLURM_ARRAY_TASK_COUNT")
@@ -48,7 +50,7 @@ def array_task(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
     step = _int(e, "SLURM_ARRAY_TASK_STEP") or 1
     position = (task - first) // step
     if not 0 <= position < count:
-        raise ValueError(f"SLURM array task {task} is not one of {count} tasks from {first} in steps of {step}")
+        raise UserError(f"SLURM array task {task} is not one of {count} tasks from {first} in steps of {step}")
     return position, count
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from cbr2.cluster.grid import Run, expand_grid, expand_vary
 from cbr2.common.console import setup_logging
+from cbr2.common.errors import SetupError, UserError
 from cbr2.config import (
     ABLATIONS,
     CONFIG_DIR,
@@ -78,7 +79,7 @@ class Sweep:
     def task(self, t: int) -> tuple[Run, int]:
         """The run and shard of task ``t``."""
         if not 0 <= t < self.tasks:
-            raise ValueError(f"task {t} is not one of the sweep's {self.tasks} tasks (0..{self.tasks - 1})")
+            raise UserError(f"task {t} is not one of the sweep's {self.tasks} tasks (0..{self.tasks - 1})")
         return self.runs[t // self.shards], t % self.shards
 
     def run_dir(self, run: Run) -> Path:
@@ -112,11 +113,11 @@ class Sweep:
         """Read ``FOLDER/sweep.json``.
 
         Raises:
-            ValueError: When the folder holds no sweep.
+            UserError: When the folder holds no sweep.
         """
         path = Path(folder) / "sweep.json"
         if not path.is_file():
-            raise ValueError(f"{folder} is not a sweep folder (no sweep.json)")
+            raise UserError(f"{folder} is not a sweep folder (no sweep.json)")
         raw = json.loads(path.read_text(encoding="utf-8"))
         raw["runs"] = [Run(**r) for r in raw["runs"]]
         return cls(**raw)
@@ -188,7 +189,7 @@ def finalize(sweep: Sweep) -> dict[str, Any]:
         if sweep.shards > 1:
             try:
                 merge([folder / f"shard-{j}-of-{sweep.shards}" for j in range(sweep.shards)], folder)
-            except (ValueError, OSError) as err:  # one bad run must not cost the others their table
+            except (UserError, OSError) as err:  # one bad run must not cost the others their table
                 log.error("sweep %s: cannot merge %s: %s", sweep.name, run.name, err)
                 incomplete.append(run.name)
                 continue
@@ -240,10 +241,10 @@ def _sbatch(args: list[str], env: dict[str, str]) -> str:
     try:
         done = subprocess.run(["sbatch", "--parsable", *args], env=env, capture_output=True, text=True, check=False)
     except FileNotFoundError:
-        raise OSError("sbatch not found: submit from a SLURM login node, or run the sweep here with --local") from None
+        raise SetupError("sbatch not found: submit from a SLURM login node, or run the sweep here with --local") from None
     job = done.stdout.strip().split("\n")[0].split(";")[0]  # "id" or "id;cluster"
     if done.returncode and not ("--wait" in args and job):  # with --wait, the job's own exit code
-        raise OSError(f"sbatch {' '.join(args)} failed: {done.stderr.strip()}")
+        raise SetupError(f"sbatch {' '.join(args)} failed: {done.stderr.strip()}")
     if done.returncode:
         log.warning("job %s ended with exit code %d", job, done.returncode)
     return job
@@ -383,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 position = array_task()
                 if position is None:
-                    raise ValueError("not in a SLURM job array: give the task number")
+                    raise UserError("not in a SLURM job array: give the task number")
                 index = position[0]
             run_task(sweep, index)
         elif args.command == "finalize":
@@ -394,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             for s in task_states(sweep):
                 extra = f"  hits@1 {s['hits@1']:.4f}" if "hits@1" in s else (f"  {s['error']}" if s.get("error") else "")
                 print(f"{s['task']:>4}  {s['state']:<8} {s['run']} shard {s['shard']}{extra}")
-    except (ConfigError, ValueError, OSError) as err:
+    except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

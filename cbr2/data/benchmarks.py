@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from cbr2.common.errors import ConfigError
 from cbr2.data.questions import (
     DatasetFormatError,
     Question,
@@ -57,17 +58,17 @@ class Benchmark:
             else ``~/.cache/cbr2``).
 
     Raises:
-        ValueError: On an unknown name, or a missing root for ``kqapro`` / ``metaqa``.
+        ConfigError: On an unknown name, or a missing root for ``kqapro`` / ``metaqa``.
     """
 
     def __init__(self, name: str, root: str | Path | None = None, cache_dir: str | Path | None = None):
         if name not in BENCHMARKS:
-            raise ValueError(f"unknown data.name {name!r}; expected one of {', '.join(BENCHMARKS)}")
+            raise ConfigError(f"unknown data.name {name!r}; expected one of {', '.join(BENCHMARKS)}")
         self.name = name
         self.family, embedded = BENCHMARKS[name]
         if root is None:
             if embedded is None:
-                raise ValueError(f"data.name={name} needs data.root=DIR (a folder in the official {name} layout)")
+                raise ConfigError(f"data.name={name} needs data.root=DIR (a folder in the official {name} layout)")
             root = EMBEDDED_ROOT / embedded
         self.root = Path(root)
         self.cache_dir = cache_dir
@@ -89,11 +90,11 @@ class Benchmark:
         """Questions of a split (default: the family's evaluation split).
 
         Raises:
-            ValueError: On a split the family does not have.
+            ConfigError: On a split the family does not have.
         """
         split = split or self.family.eval_split
         if split not in self.family.splits:
-            raise ValueError(f"data.split={split!r} is not a {self.family.name} split; expected one of {self.family.splits}")
+            raise ConfigError(f"data.split={split!r} is not a {self.family.name} split; expected one of {self.family.splits}")
         if self.family is KQAPRO:
             return load_kqapro_questions(self.root / f"{split}.json", split)
         return load_metaqa_questions(self.root, split)

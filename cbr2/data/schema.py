@@ -25,10 +25,11 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, with_config
 from typing_extensions import NotRequired, TypedDict  # pydantic needs these on Python < 3.12
 
+from cbr2.common.errors import UserError
 from cbr2.common.files import gc_paused
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """A data file that does not follow its official format.
 
     The message is ``<file>: <item>: <what is wrong>``; the item is a path into the file

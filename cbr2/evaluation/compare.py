@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cbr2.common.errors import UserError
 from cbr2.config import ABLATION_TABLE, canonical_ablation
 from cbr2.data.questions import KQAPRO_ABBREVIATIONS, KQAPRO_CATEGORIES, METAQA_CATEGORIES
 from cbr2.evaluation.figures import cell, percent_bars, render_table
@@ -54,7 +55,7 @@ DISTINGUISHING = (
 )
 
 
-class ReportError(ValueError):
+class ReportError(UserError):
     """Runs that cannot be tabulated; the message names the folder and the reason."""
 
 

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypedDict
 
+from cbr2.common.errors import UserError
+
 log = logging.getLogger(__name__)
 
 Record = dict[str, Any]
@@ -158,7 +160,7 @@ def read_records(path: str | Path, repair: bool = False) -> list[tuple[int, Reco
         record, problem = _parse(raw)
         if record is None:
             if lineno < len(lines):
-                raise ValueError(f"{path}:{lineno}: corrupt record ({problem}); remove the line or the file")
+                raise UserError(f"{path}:{lineno}: corrupt record ({problem}); remove the line or the file")
             log.warning("%s:%d: dropping the damaged last line (%s)%s", path, lineno, problem,
                         "; it is written again" if repair else "")
             if repair:
@@ -190,7 +192,7 @@ def records_by_id(path: str | Path, entries: Sequence[tuple[int, Record]],
         if qid in found:
             first_line, old = found[qid]
             if record != old and not (supersedes and supersedes(record, old)):
-                raise ValueError(f"{path}: lines {first_line} and {lineno} both hold id {qid!r} with different "
+                raise UserError(f"{path}: lines {first_line} and {lineno} both hold id {qid!r} with different "
                                  "content (two runs wrote into this file?); keep one of them or remove the file")
         found[qid] = (lineno, record)
     return {qid: record for qid, (_, record) in found.items()}

@@ -25,6 +25,7 @@ from typing import Any, cast
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from cbr2.common.errors import UserError
 from cbr2.config import ablation_slug, git_hash, setting_of
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.questions import Question
@@ -118,7 +119,7 @@ def check_same_config(out: Path, cfg: DictConfig) -> None:
     except (OSError, yaml.YAMLError) as err:
         problem = " ".join(str(err).split())
     if problem:
-        raise ValueError(f"{old_path} is not a readable config ({problem}), so what wrote the predictions beside it "
+        raise UserError(f"{old_path} is not a readable config ({problem}), so what wrote the predictions beside it "
                          "is unknown; choose another output_dir or delete the folder")
 
     def section(node: DictConfig, key: str) -> Any:
@@ -127,7 +128,7 @@ def check_same_config(out: Path, cfg: DictConfig) -> None:
 
     diff = [k for k in IDENTITY_KEYS if section(old, k) != section(cfg, k)]
     if diff:
-        raise ValueError(f"{out} holds predictions of a different configuration (sections {', '.join(diff)} differ); "
+        raise UserError(f"{out} holds predictions of a different configuration (sections {', '.join(diff)} differ); "
                          "choose another output_dir or delete the folder")
 
 

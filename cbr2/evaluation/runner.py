@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from cbr2.common.console import Progress
+from cbr2.common.errors import UserError
 from cbr2.config import canonical_ablation
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.questions import Question
@@ -95,7 +96,7 @@ def show_prompt(cfg: DictConfig, index: int) -> str:
     bench = Benchmark(cfg.data.name, cfg.data.root)
     questions = select_questions(bench, cfg)
     if not 0 <= index < len(questions):
-        raise ValueError(f"--show-prompt {index}: the selection has {len(questions)} questions (0..{len(questions) - 1})")
+        raise UserError(f"--show-prompt {index}: the selection has {len(questions)} questions (0..{len(questions) - 1})")
     _prepare(cfg, bench, retrieval_only=False)
     question = questions[index]
     # On stderr (stdout is the prompt alone), so the prompt can be matched to predictions.jsonl.

@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from cbr2.cluster.slurm import array_task
+from cbr2.common.errors import ConfigError, UserError
 from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES, Question
 
@@ -39,13 +40,13 @@ def select_questions(bench: Benchmark, cfg: DictConfig) -> list[Question]:
         The selected questions, in evaluation order.
 
     Raises:
-        ValueError: If the split has no gold answers to score against, or on a
+        ConfigError: If the split has no gold answers to score against, or on a
             ``skip_per_category`` without ``per_category``.
     """
     questions = bench.questions(cfg.data.split)
     skip = cfg.eval.skip_per_category
     if skip < 0 or (skip and cfg.eval.per_category is None):
-        raise ValueError(f"eval.skip_per_category={skip}: must be at least 0, and needs eval.per_category")
+        raise ConfigError(f"eval.skip_per_category={skip}: must be at least 0, and needs eval.per_category")
     if cfg.eval.per_category is not None:
         shuffled = list(questions)
         random.Random(cfg.eval.sample_seed).shuffle(shuffled)
@@ -59,7 +60,7 @@ def select_questions(bench: Benchmark, cfg: DictConfig) -> list[Question]:
     if cfg.eval.limit is not None:
         questions = questions[: cfg.eval.limit]
     if any(q.answer is None for q in questions):
-        raise ValueError(f"{bench.name} split {cfg.data.split or bench.family.eval_split!r} has no gold answers "
+        raise ConfigError(f"{bench.name} split {cfg.data.split or bench.family.eval_split!r} has no gold answers "
                          "(the official KQA Pro test set keeps them private); evaluate val instead")
     return questions
 
@@ -77,7 +78,7 @@ def resolve_shard(cfg: DictConfig) -> None:
         cfg: The whole configuration; its ``eval`` section is completed in place.
 
     Raises:
-        ValueError: On a shard outside ``[0, num_shards)`` or only one of the two set outside an array.
+        ConfigError: On a shard outside ``[0, num_shards)`` or only one of the two set outside an array.
     """
     e = cfg.eval
     if e.num_shards is None and e.shard is None:
@@ -85,12 +86,12 @@ def resolve_shard(cfg: DictConfig) -> None:
     elif e.shard is None:
         task = array_task()
         if e.num_shards > 1 and task is None:
-            raise ValueError(f"eval.num_shards={e.num_shards} needs eval.shard (0..{e.num_shards - 1}) outside a job array")
+            raise ConfigError(f"eval.num_shards={e.num_shards} needs eval.shard (0..{e.num_shards - 1}) outside a job array")
         e.shard = task[0] if task and e.num_shards > 1 else 0
     elif e.num_shards is None:
-        raise ValueError(f"eval.shard={e.shard} needs eval.num_shards")
+        raise ConfigError(f"eval.shard={e.shard} needs eval.num_shards")
     if e.num_shards < 1 or not 0 <= e.shard < e.num_shards:
-        raise ValueError(f"eval.shard={e.shard} is not one of eval.num_shards={e.num_shards} shards (0..{e.num_shards - 1})")
+        raise ConfigError(f"eval.shard={e.shard} is not one of eval.num_shards={e.num_shards} shards (0..{e.num_shards - 1})")
 
 
 def shard_of(questions: Sequence[Question], shard: int, num_shards: int) -> list[Question]:
@@ -145,14 +146,14 @@ def check_shard(selection: Sequence[Question], provenance: dict[str, Any], where
         The shard's questions (``shard_of`` the selection), in selection order.
 
     Raises:
-        ValueError: When the selection is not the one the shard was cut from (the data changed
+        UserError: When the selection is not the one the shard was cut from (the data changed
             since it ran), or the shard's questions are not its share of it.
     """
     info = provenance["shard"]
     if selection_sha256(selection) != info["selection_sha256"]:
-        raise ValueError(f"the selection of {data_name} ({len(selection)} questions) is not the one the shards "
+        raise UserError(f"the selection of {data_name} ({len(selection)} questions) is not the one the shards "
                          f"evaluated ({info['selection_n']}): the data changed since they ran")
     expected = shard_of(selection, info["index"], info["count"])
     if provenance.get("question_ids_sha256") != selection_sha256(expected):
-        raise ValueError(f"{where}: its questions are not shard {info['index']} of {info['count']} of this selection")
+        raise UserError(f"{where}: its questions are not shard {info['index']} of {info['count']} of this selection")
     return expected

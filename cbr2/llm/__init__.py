@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cbr2.common.console import did_you_mean
+from cbr2.common.errors import ConfigError
 from cbr2.llm.base import Backend
 
 if TYPE_CHECKING:
@@ -34,10 +35,10 @@ def backend_class(name: str) -> Callable[..., Backend]:
     """The class registered under ``name``, imported now (its heavy packages load only when built).
 
     Raises:
-        ValueError: For an unknown name, with the closest registered names.
+        ConfigError: For an unknown name, with the closest registered names.
     """
     if name not in BACKENDS:
-        raise ValueError(f"unknown llm.backend {name!r}{did_you_mean(name, BACKENDS)}; "
+        raise ConfigError(f"unknown llm.backend {name!r}{did_you_mean(name, BACKENDS)}; "
                          f"available: {', '.join(BACKENDS)}")
     module, cls = BACKENDS[name].split(":")
     return getattr(importlib.import_module(module), cls)
@@ -54,7 +55,7 @@ def make_backend(cfg: Any, questions: Sequence[Question] = (), grammar: ProgramG
             ``openai`` honour it, ``gold`` writes gold programs and ignores it.
 
     Raises:
-        ValueError: For an unknown ``llm.backend``.
+        ConfigError: For an unknown ``llm.backend``.
     """
     cls = backend_class(cfg.llm.backend)
     if cfg.llm.backend == "gold":

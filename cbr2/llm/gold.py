@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from cbr2.common.errors import UserError
 from cbr2.kopl.program import Program
 from cbr2.kopl.text import to_text
 from cbr2.llm.base import Completion, Prompt
@@ -23,7 +24,7 @@ class GoldBackend:
         programs: The gold program of each question id.
 
     Raises:
-        ValueError: If a question has no gold program (e.g. the KQA Pro test split).
+        UserError: If a question has no gold program (e.g. the KQA Pro test split).
     """
 
     name = "gold"
@@ -32,7 +33,7 @@ class GoldBackend:
     def __init__(self, fmt: str, programs: Mapping[str, Program | None]):
         missing = [qid for qid, program in programs.items() if program is None]
         if missing:
-            raise ValueError(f"llm.backend=gold needs gold programs, but {len(missing)} questions have none "
+            raise UserError(f"llm.backend=gold needs gold programs, but {len(missing)} questions have none "
                              f"(first: {missing[0]}); evaluate a split with programs (e.g. data.split=val)")
         self.fmt = fmt
         self.programs = dict(programs)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cbr2.common.console import did_you_mean
+from cbr2.common.errors import ConfigError
 from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, stop_strings, token_cap
 from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, gguf_fingerprint, gguf_path
 
@@ -61,12 +62,12 @@ def resolve_gguf(model: str) -> tuple[Path | None, str]:
     if path.is_dir():
         found = sorted(path.glob("*.gguf"))
         if len(found) != 1:
-            raise ValueError(f"llm.model {model!r}: the llamacpp backend needs exactly one .gguf file in the folder, "
+            raise ConfigError(f"llm.model {model!r}: the llamacpp backend needs exactly one .gguf file in the folder, "
                              f"found {len(found)}")
         path = found[0]
     if path.is_file():
         return path.resolve(), f"{path.name}@{gguf_fingerprint(path)}"
-    raise ValueError(f"llm.model {model!r}{did_you_mean(model, PACKAGED)}: the llamacpp backend reads GGUF files: a packaged model "
+    raise ConfigError(f"llm.model {model!r}{did_you_mean(model, PACKAGED)}: the llamacpp backend reads GGUF files: a packaged model "
                      f"({', '.join(PACKAGED)}), a .gguf file or a folder that holds one")
 
 
@@ -183,7 +184,7 @@ class LlamaCppBackend:
             return prompt.text
         template = self._metadata().get("tokenizer.chat_template")
         if not template:
-            raise ValueError(f"llm.chat is on, but {self.path.name} carries no chat template; set llm.chat=false")
+            raise ConfigError(f"llm.chat is on, but {self.path.name} carries no chat template; set llm.chat=false")
         return _render_chat(template, prompt, self._special_text())
 
     def _special_text(self) -> dict[str, str]:

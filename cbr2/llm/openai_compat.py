@@ -25,6 +25,7 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, as_co
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from cbr2.common.errors import ConfigError
 from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, stop_strings, token_cap
 
 if TYPE_CHECKING:
@@ -103,14 +104,14 @@ class OpenAIBackend:
         self.grammar = grammar
         model = cfg.model
         if not model:
-            raise ValueError("llm.backend=openai needs llm.model: the model name the server serves "
+            raise ConfigError("llm.backend=openai needs llm.model: the model name the server serves "
                              "(e.g. llm.model=Qwen/Qwen3-8B for `vllm serve Qwen/Qwen3-8B`)")
         self.model = str(model)
         self.base_url: str | None = cfg.base_url or None
         self.stop = stop_strings(cfg)
         self._client: Any = None
         if grammar is not None and _host(self.base_url) == OFFICIAL_HOST:
-            raise ValueError("generation.constrained=true needs a server that takes a grammar (vllm serve, with "
+            raise ConfigError("generation.constrained=true needs a server that takes a grammar (vllm serve, with "
                              "llm.base_url); the official OpenAI API does not")
 
     @property
@@ -144,7 +145,7 @@ class OpenAIBackend:
             return key
         if _host(self.base_url) in LOCAL_HOSTS:
             return PLACEHOLDER_KEY
-        raise ValueError(f"llm.backend=openai: the API key for {self.base_url or 'the OpenAI API'} is read from the "
+        raise ConfigError(f"llm.backend=openai: the API key for {self.base_url or 'the OpenAI API'} is read from the "
                          f"environment variable {env} (llm.api_key_env), which is unset; export {env}=... "
                          "(keys never go in configs)")
 

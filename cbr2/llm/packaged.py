@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cbr2.common.console import did_you_mean
+from cbr2.common.errors import ConfigError, SetupError
 from cbr2.common.locks import build_lock
 
 log = logging.getLogger(__name__)
@@ -85,10 +86,10 @@ def packaged(name: str) -> PackagedModel:
     """The registered model ``name``.
 
     Raises:
-        ValueError: For an unknown name, with the closest registered names.
+        ConfigError: For an unknown name, with the closest registered names.
     """
     if name not in PACKAGED:
-        raise ValueError(f"unknown packaged model {name!r}{did_you_mean(name, PACKAGED)}; "
+        raise ConfigError(f"unknown packaged model {name!r}{did_you_mean(name, PACKAGED)}; "
                          f"packaged: {', '.join(PACKAGED)}")
     return PACKAGED[name]
 
@@ -115,7 +116,7 @@ def chunk_paths(model: PackagedModel) -> list[Path]:
     """The installed chunk files of ``model``, in order.
 
     Raises:
-        OSError: Naming the first package that is missing or lacks its chunk, with the install command.
+        SetupError: Naming the first package that is missing or lacks its chunk, with the install command.
     """
     paths = []
     for package, rel in zip(model.packages, model.files, strict=True):
@@ -123,7 +124,7 @@ def chunk_paths(model: PackagedModel) -> list[Path]:
         path = folder / rel if folder is not None else None
         if path is None or not path.is_file():
             where = f" (installed at {folder}, but without {rel})" if folder is not None else ", which is not installed"
-            raise OSError(f"llm.model={model.name} needs the package {package}{where}; install the model with "
+            raise SetupError(f"llm.model={model.name} needs the package {package}{where}; install the model with "
                           f"`{model.install_hint}`")
         paths.append(path)
     return paths
@@ -140,8 +141,8 @@ def gguf_path(name: str, cache_dir: str | None = None) -> Path:
         cache_dir: The project cache root (``retrieval.cache_dir`` semantics).
 
     Raises:
-        ValueError: For an unknown name.
-        OSError: When a package is missing, or the chunks do not add up to the registered size
+        ConfigError: For an unknown name.
+        SetupError: When a package is missing, or the chunks do not add up to the registered size
             and SHA-256 (naming the packages to reinstall).
     """
     from cbr2.retrieval.cache import cache_root
@@ -185,7 +186,7 @@ def _assemble(model: PackagedModel, dest: Path) -> None:
                         out.write(block)
         if size != model.size or digest.hexdigest() != model.sha256:
             got = f"{size:,} bytes, sha256 {digest.hexdigest()}"
-            raise OSError(f"the packages of llm.model={model.name} ({', '.join(model.packages)}) reassemble to {got}; "
+            raise SetupError(f"the packages of llm.model={model.name} ({', '.join(model.packages)}) reassemble to {got}; "
                           f"expected {model.size:,} bytes, sha256 {model.sha256}. Reinstall them with "
                           f"`{model.install_hint} --force-reinstall`")
         tmp.replace(dest)

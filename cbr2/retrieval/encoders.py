@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cbr2.common.errors import ConfigError, SetupError
+
 if TYPE_CHECKING:  # sentence-transformers pulls torch; import it only where a model is built
     from sentence_transformers import SentenceTransformer
 
@@ -32,17 +34,17 @@ def resolve_model(name: str) -> str:
     """Where to load ``name`` from: a local folder, the packaged copy, or the hub id itself.
 
     Raises:
-        ValueError: If ``name`` is empty.
-        OSError: If ``name`` is a path (absolute, relative with ``./``, or deeper than
+        ConfigError: If ``name`` is empty.
+        SetupError: If ``name`` is a path (absolute, relative with ``./``, or deeper than
             ``org/name``) to a folder that does not exist.
     """
     if not name:
-        raise ValueError("an encoder name is required (a hub id such as BAAI/bge-m3 or a local folder)")
+        raise ConfigError("an encoder name is required (a hub id such as BAAI/bge-m3 or a local folder)")
     if Path(name).expanduser().is_dir():
         return str(Path(name).expanduser().resolve())
     if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
         # Clearly a path, not a hub id ("org/name"): say so instead of asking the hub.
-        raise OSError(f"encoder folder {name} does not exist")
+        raise SetupError(f"encoder folder {name} does not exist")
     if name in PACKAGED:
         module, func = PACKAGED[name].split(":")
         try:
@@ -70,7 +72,7 @@ def load_encoder(name: str, device: str = "auto") -> SentenceTransformer:
         device: ``auto``, ``cpu``, ``cuda``, ``cuda:1`` ...
 
     Raises:
-        OSError: When the model can be found neither locally nor on the hub; the message
+        SetupError: When the model can be found neither locally nor on the hub; the message
             says which name failed.
     """
     from sentence_transformers import SentenceTransformer
@@ -79,7 +81,7 @@ def load_encoder(name: str, device: str = "auto") -> SentenceTransformer:
     try:
         model = SentenceTransformer(where, device=pick_device(device))
     except (OSError, ValueError) as err:  # the hub client raises ValueError on malformed ids
-        raise OSError(f"cannot load encoder {name!r} (from {where}): {err}") from err
+        raise SetupError(f"cannot load encoder {name!r} (from {where}): {err}") from err
     model.eval()
     return model
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from omegaconf import DictConfig
 
+from cbr2.common.errors import ConfigError
 from cbr2.data.benchmarks import Benchmark
 from cbr2.retrieval.cache import EmbeddingStore, cache_root
 from cbr2.retrieval.cases import VIEWS, Case, CaseRetriever, Query, Ranking
@@ -102,7 +103,7 @@ class Retriever:
         self.case_views = CASE_MODES[cfg.cases]
         self.views = tuple(v for v in VIEWS if v in self.case_views or v in extra_views)
         if "structural" in self.views and not structural:
-            raise ValueError("the structural view needs a structural retriever (structural.checkpoint)")
+            raise ConfigError("the structural view needs a structural retriever (structural.checkpoint)")
         store = self.store = store or EmbeddingStore(cache_root(cfg.cache_dir))
         device = pick_device(cfg.device)
         self.pool = bench.questions(bench.family.train_split)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from cbr2.common.errors import ConfigError
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.questions import Question
 from cbr2.kopl.sketch import sketch
@@ -172,7 +173,7 @@ class PairDataModule(L.LightningDataModule):
         seed: Seed of the pair draws.
 
     Raises:
-        ValueError: On a holdout share outside (0, 1) or non-positive pair counts.
+        ConfigError: On a holdout share outside (0, 1) or non-positive pair counts.
     """
 
     def __init__(self, data_name: str, data_root: str | None = None, label: str = "seqmatch", label_bins: int = 5,
@@ -180,10 +181,10 @@ class PairDataModule(L.LightningDataModule):
                  seed: int = 0):
         super().__init__()
         if not 0 < holdout < 1:
-            raise ValueError(f"structural.holdout must be strictly between 0 and 1, got {holdout}")
+            raise ConfigError(f"structural.holdout must be strictly between 0 and 1, got {holdout}")
         for key, value in (("pairs_per_epoch", pairs_per_epoch), ("val_pairs", val_pairs), ("batch_size", batch_size)):
             if value < 1:
-                raise ValueError(f"structural.{key} must be positive, got {value}")
+                raise ConfigError(f"structural.{key} must be positive, got {value}")
         self.data_name, self.data_root, self.label, self.label_bins = data_name, data_root, label, label_bins
         self.pairs_per_epoch, self.val_pairs, self.holdout = pairs_per_epoch, val_pairs, holdout
         self.batch_size, self.seed = batch_size, seed
@@ -200,7 +201,7 @@ class PairDataModule(L.LightningDataModule):
         questions = [q for q in bench.questions(bench.family.train_split) if q.program is not None]
         fit, held = split_holdout(questions, self.holdout)
         if len(fit) < 2 or len(held) < 2:
-            raise ValueError(f"{self.data_name}: structural.holdout={self.holdout} leaves {len(fit)} fit and "
+            raise ConfigError(f"{self.data_name}: structural.holdout={self.holdout} leaves {len(fit)} fit and "
                              f"{len(held)} held-out questions; both sides need at least 2")
         self.fit_pool, self.heldout = QuestionSet.of(fit), QuestionSet.of(held)
         self._train_sampler = PairSampler(SketchTable(self.fit_pool.sketches, self.label), self.label_bins)

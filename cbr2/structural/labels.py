@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from rapidfuzz.distance import LCSseq
 
+from cbr2.common.errors import ConfigError, UserError
+
 Sketch = tuple[str, ...]
 LabelFn = Callable[[Sketch, Sketch], float]
 
@@ -41,10 +43,10 @@ def label_fn(name: str) -> LabelFn:
     """The label function called ``name``.
 
     Raises:
-        ValueError: On an unknown name, listing the known ones.
+        ConfigError: On an unknown name, listing the known ones.
     """
     if name not in LABELS:
-        raise ValueError(f"unknown structural.label {name!r}; expected one of {', '.join(LABELS)}")
+        raise ConfigError(f"unknown structural.label {name!r}; expected one of {', '.join(LABELS)}")
     return LABELS[name]
 
 
@@ -94,12 +96,13 @@ class PairSampler:
         bins: Number of label bins.
 
     Raises:
-        ValueError: If ``bins < 1`` or no pair of two different questions exists.
+        ConfigError: If ``bins < 1``.
+        UserError: If no pair of two different questions exists.
     """
 
     def __init__(self, table: SketchTable, bins: int = 5):
         if bins < 1:
-            raise ValueError(f"structural.label_bins must be at least 1, got {bins}")
+            raise ConfigError(f"structural.label_bins must be at least 1, got {bins}")
         self.table = table
         self.bins = bins
         i, j = np.triu_indices(len(table))
@@ -111,7 +114,7 @@ class PairSampler:
         self.pairs_in_bin: list[np.ndarray] = [np.stack([i[which == b], j[which == b]], axis=1) for b in range(bins)]
         self.nonempty = np.array([b for b in range(bins) if len(self.pairs_in_bin[b])], dtype=np.int64)
         if not len(self.nonempty):
-            raise ValueError(f"no pair of two different questions among {len(table.of_question)} questions")
+            raise UserError(f"no pair of two different questions among {len(table.of_question)} questions")
 
     def sample(self, rng: np.random.Generator, n: int) -> list[tuple[int, int, float]]:
         """``n`` pairs as ``(question index, question index, label)``.

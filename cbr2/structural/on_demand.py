@@ -12,6 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from cbr2.common.errors import ConfigError
 from cbr2.common.locks import build_lock
 from cbr2.config import CONFIG_DIR, TrainConfig, load_config
 from cbr2.data.benchmarks import METAQA, Benchmark
@@ -30,7 +31,7 @@ def resolve_structural(cfg: DictConfig, bench: Benchmark) -> str:
     with ``train.py``'s defaults.
 
     Raises:
-        ValueError: When none exists, with the ``train.py`` command that makes one.
+        ConfigError: When none exists, with the ``train.py`` command that makes one.
     """
     if cfg.structural.checkpoint:
         return str(cfg.structural.checkpoint)
@@ -49,7 +50,7 @@ def resolve_structural(cfg: DictConfig, bench: Benchmark) -> str:
     if not train_on.startswith("mini-"):
         # For MetaQA the command trains on KQA Pro, whose folder is not MetaQA's data.root.
         root = f" data.root={cfg.data.root}" if cfg.data.root and train_on == cfg.data.name else " data.root=DIR"
-        raise ValueError(f"no structural retriever for {cfg.data.name} in {where}/; train one with "
+        raise ConfigError(f"no structural retriever for {cfg.data.name} in {where}/; train one with "
                          f"`python train.py data.name={train_on}{root}` or set structural.checkpoint=PATH")
     # Lightning and torch load only when training is needed (evaluate.py must start fast); the
     # module attribute is looked up at call time, so tests can replace it.
