@@ -63,21 +63,69 @@ def test_report_labels_a_default_run_full(tmp_path):
     assert [r["setting"] for r in table_data([load_run(run)])["rows"]] == ["Full CBR²"]
 
 
-def test_progress_off_a_terminal_is_a_line_with_the_time_left(caplog):
+class _Clock:
+    """tqdm's clock, moved by hand."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def _progress_lines(caplog, monkeypatch, steps, total=4, **kwargs):
+    """The lines ``progress`` logs off a terminal when an update comes at each time of ``steps``."""
     import logging
 
-    from cbr2.common.console import Progress
+    from cbr2.common.console import progress
 
+    clock = _Clock()
+    monkeypatch.setattr("tqdm.std.time", clock)
+    # pytest's stderr is no terminal
     with caplog.at_level(logging.INFO, logger="cbr2.progress"), \
-            Progress(total=4, desc="generate", unit="q", every_s=0) as bar:  # pytest's stderr is no terminal
-        bar.update()
-        bar.update()
-    lines = [r.getMessage() for r in caplog.records]
-    assert lines[0].startswith("generate 1/4 (25%) · ") and "left" in lines[0]
-    assert lines[-1].startswith("generate 2/4 (50%)")  # closing says where it ended
+            progress(total=total, desc="generate", unit="q", **kwargs) as bar:
+        for t in steps:
+            clock.now = 1000.0 + t
+            bar.update()
+    return [r.getMessage() for r in caplog.records if r.name == "cbr2.progress"]
 
 
-def test_training_progress_numbers_epochs_from_one(caplog):
+def test_progress_off_a_terminal_is_a_line_every_30_s_with_the_time_left(caplog, monkeypatch):
+    from cbr2.common.console import LINE_EVERY_S
+
+    assert LINE_EVERY_S == 30
+    lines = _progress_lines(caplog, monkeypatch, steps=[10, 20, 31, 40, 45, 62], total=10)
+    # One line at the start, one at each update 30 s or more after the last line, one at the end.
+    assert [ln.split(" · ")[0] for ln in lines] == ["generate 0/10 (0%)", "generate 3/10 (30%)",
+                                                    "generate 6/10 (60%)", "generate 6/10 (60%)"]
+    assert lines[1] == "generate 3/10 (30%) · 10.33s/q · 00:31 elapsed · about 01:12 left"
+    assert lines[2] == "generate 6/10 (60%) · 10.33s/q · 01:02 elapsed · about 00:41 left"
+
+
+def test_progress_rates_count_only_what_this_process_did(caplog, monkeypatch):
+    lines = _progress_lines(caplog, monkeypatch, steps=[30, 60], total=10, initial=6)
+    assert lines[1] == "generate 7/10 (70%) · 30.00s/q · 00:30 elapsed · about 01:30 left"
+
+
+def test_progress_on_a_terminal_is_a_tqdm_bar(monkeypatch, caplog):
+    import io
+    import sys
+
+    from cbr2.common.console import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with progress(total=3, desc="generate", unit="q") as bar:
+        bar.update(3)
+    assert "generate: 100%|" in terminal.getvalue() and "3/3" in terminal.getvalue()
+    assert not [r for r in caplog.records if r.name == "cbr2.progress"]
+
+
+def test_training_progress_numbers_epochs_from_one(caplog, monkeypatch):
     import logging
     from types import SimpleNamespace
 
@@ -88,12 +136,12 @@ def test_training_progress_numbers_epochs_from_one(caplog):
             import torch
             return [torch.nn.Parameter(torch.zeros(10))]
 
+    monkeypatch.setattr("cbr2.common.console.LINE_EVERY_S", 0)
     trainer = SimpleNamespace(is_global_zero=True, estimated_stepping_batches=8, global_step=0, max_epochs=2,
                               current_epoch=0, callback_metrics={}, sanity_checking=False)
     callback = LineProgress()
     with caplog.at_level(logging.INFO, logger="cbr2.structural.train"):
         callback.on_train_start(trainer, Module())
-        callback.bar.every_s = 0
         trainer.global_step, trainer.current_epoch, trainer.callback_metrics = 5, 1, {"train/loss": 0.25}
         callback.on_train_batch_end(trainer, Module(), None, None, 0)
     line = caplog.records[-1].getMessage()
@@ -117,39 +165,6 @@ def test_one_logging_setup_prints_lightning_once_and_drops_its_noise():
     assert proc.stderr.count("hello once") == 1
     assert "GPU available: True" in proc.stderr
     assert "GPU available: False" not in proc.stderr and "Tip" not in proc.stderr
-
-
-def test_makefile_recipes_print_no_comment_lines():
-    from pathlib import Path
-
-    makefile = (Path(__file__).parents[1] / "Makefile").read_text(encoding="utf-8")
-    assert not [ln for ln in makefile.splitlines() if ln.startswith("\t#")]
-
-
-def test_the_readme_states_the_default_run_as_the_config_has_it():
-    """The quick start says once what `make evaluate` runs; this keeps it true to the config."""
-    import re
-    from pathlib import Path
-
-    from cbr2.data.benchmarks import Benchmark
-    from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED
-
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
-    quick = readme[readme.index("`make evaluate` runs the full method"):readme.index("## Status")]
-    cfg = load_config([], DEFAULTS)
-    bench = Benchmark(cfg.data.name)
-    split = cfg.data.split or bench.family.eval_split
-    n_categories = len({q.category for q in bench.questions(split)})
-    stated = re.search(r"sample of `([\w-]+)` (\w+) \((\d+) questions per category, (\d+) questions\)", quick)
-    assert stated, "the quick start no longer states the default sample"
-    assert stated.groups() == (cfg.data.name, split, str(cfg.eval.per_category),
-                               str(cfg.eval.per_category * n_categories))
-    assert f"(`llm.backend={cfg.llm.backend}`)" in quick
-    assert PACKAGED[cfg.llm.model or DEFAULT_MODEL].title.split(" (")[0] in quick  # the model as the README names it
-    assert f"results go to `outputs/{cfg.data.name}/{split}/{cfg.llm.backend}/`" in quick
-    # Nowhere else does the README give the default sample another size.
-    n = cfg.eval.per_category
-    assert not re.search(rf"default[^.]*\b(?!{n}\b)\d+ (questions )?per category", readme)
 
 
 @pytest.mark.slow  # a fresh interpreter that imports Lightning and torch

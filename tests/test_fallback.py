@@ -255,12 +255,11 @@ def test_the_generation_section_keys_the_cache(fixer):
 
 
 def test_canonicalize_and_constrained_reach_scoring_and_the_backend(tmp_path, fixer, monkeypatch):
-    from cbr2.generation import canonicalize, grammar
-
     built = []
-    monkeypatch.setattr(canonicalize, "build_canonicalizer",
+    monkeypatch.setattr("cbr2.evaluation.runner.build_canonicalizer",
                         lambda cfg, bench: built.append("canon") or Canonicalizer(bench.kb.vocabulary))
-    monkeypatch.setattr(grammar, "build_grammar", lambda cfg, bench: built.append("grammar") or "the grammar")
+    monkeypatch.setattr("cbr2.evaluation.runner.build_grammar",
+                        lambda cfg, bench: built.append("grammar") or "the grammar")
     fixer.script = lambda q, i: typo(q)
     out = tmp_path / "run"
     metrics = evaluate(out, "generation.canonicalize=true", "generation.constrained=true", "generation.fallback=true")

@@ -266,3 +266,29 @@ def test_paired_bootstrap_is_exact_at_the_extremes_and_refuses_unpaired_runs():
     assert (better["delta"], better["low"], better["high"], better["a_only"]) == (1.0, 1.0, 1.0, 20)
     with pytest.raises(ValueError, match="same questions"):
         paired_difference([True], [True, False])
+    one = paired_difference([True], [False])  # one question: nothing to resample but itself
+    assert (one["delta"], one["low"], one["high"]) == (1.0, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("n, right_a, right_b", [(27, 0.41, 0.30), (270, 0.55, 0.52), (900, 0.60, 0.45)])
+def test_paired_bootstrap_agrees_with_the_resampling_it_replaced(n, right_a, right_b):
+    """scipy's paired bootstrap against the hand-written one it replaced, within that one's own
+    seed-to-seed spread, on runs shaped like stored ones (the default 27 questions, 9 x 100)."""
+    import numpy as np
+
+    from cbr2.evaluation.metrics import paired_difference
+
+    def replaced(a, b, seed):
+        diff = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+        means = diff[np.random.default_rng(seed).integers(0, len(diff), size=(10_000, len(diff)))].mean(axis=1)
+        return np.percentile(means, [2.5, 97.5])
+
+    rng = np.random.default_rng(n)
+    a = rng.random(n) < right_a
+    b = np.where(rng.random(n) < 0.6, a, rng.random(n) < right_b)  # two runs agree on most questions
+    old = np.array([replaced(a, b, seed) for seed in range(5)])
+    noise = old.max(axis=0) - old.min(axis=0)
+    new = paired_difference(a.tolist(), b.tolist())
+    assert new["delta"] == pytest.approx(a.mean() - b.mean())
+    assert abs(new["low"] - old[0, 0]) <= noise[0] + 1e-12 and abs(new["high"] - old[0, 1]) <= noise[1] + 1e-12
+    assert paired_difference(a.tolist(), b.tolist()) == new  # seeded: the same interval every time

@@ -18,7 +18,6 @@ from cbr2.retrieval.index import build_index, search
 from cbr2.structural.checkpoints import META_FILE, find_checkpoint
 from cbr2.structural.data import PairDataModule, PairStream, QuestionSet, ResumableLoader, collate_pairs, split_holdout
 from cbr2.structural.labels import LABELS, PairSampler, SketchTable, lcs, seqmatch
-from cbr2.structural.module import cosine_mse_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_HOP = ("Find", "Relate", "QueryName")
@@ -151,11 +150,63 @@ def test_pairs_never_cross_the_cut(tiny_root):
 
 # ------------------------------------------------------------------------------ model
 
-def test_cosine_mse_loss_on_hand_made_embeddings():
+def _training_loss(emb_a, emb_b, labels):
+    """The loss ``training_step`` returns for a batch whose pairs embed as given."""
+    from types import SimpleNamespace
+
+    from cbr2.structural.module import StructuralRetriever
+
+    fake = SimpleNamespace(_embed_pairs=lambda a, b: (emb_a, emb_b), log=lambda *args, **kwargs: None, train_pairs=0)
+    return StructuralRetriever.training_step(fake, (["a"] * len(labels), ["b"] * len(labels), labels), 0)
+
+
+def test_the_loss_on_hand_made_embeddings():
     emb_a = torch.tensor([[1.0, 0.0], [3.0, 0.0]])
     emb_b = torch.tensor([[0.0, 2.0], [1.0, 0.0]])  # cosines 0 and 1, whatever the norms
-    loss = cosine_mse_loss(emb_a, emb_b, torch.tensor([0.5, 0.25]))
+    loss = _training_loss(emb_a, emb_b, torch.tensor([0.5, 0.25]))
     assert loss.item() == pytest.approx(((0 - 0.5) ** 2 + (1 - 0.25) ** 2) / 2)
+
+
+def test_the_loss_is_sentence_transformers_cosine_similarity_loss():
+    try:
+        from sentence_transformers.sentence_transformer.losses import CosineSimilarityLoss
+    except ImportError:  # sentence-transformers < 6
+        from sentence_transformers.losses import CosineSimilarityLoss
+
+    reference = CosineSimilarityLoss(model=torch.nn.Identity())  # the model only embeds, which is done here
+    generator = torch.Generator().manual_seed(0)
+    for batch, dim in [(1, 4), (16, 384), (33, 8)]:
+        emb_a, emb_b = torch.randn(batch, dim, generator=generator), torch.randn(batch, dim, generator=generator)
+        labels = torch.rand(batch, generator=generator)
+        emb_b[0] = 2.5 * emb_a[0]  # a cosine of exactly 1 among them
+        assert _training_loss(emb_a, emb_b, labels).item() == pytest.approx(
+            reference.compute_loss_from_embeddings([emb_a, emb_b], labels).item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("total, ratio", [(1, 0.1), (7, 0.1), (10, 0.1), (25, 0.3), (160, 0.1), (40, 0.0)])
+def test_the_schedule_is_the_warm_up_and_decay_it_replaced_step_by_step(total, ratio):
+    """transformers' linear schedule, counted from one step in, gives the learning rate the
+    project's own LambdaLR gave at every step: warm-up from lr/(warmup+1), then decay to 0."""
+    from types import SimpleNamespace
+
+    from cbr2.structural.module import StructuralRetriever
+
+    def replaced(step, warmup):
+        return (step + 1) / (warmup + 1) if step < warmup else max(0.0, (total - step) / max(1, total - warmup))
+
+    weight = torch.nn.Parameter(torch.zeros(2))
+    fake = SimpleNamespace(trainer=SimpleNamespace(estimated_stepping_batches=total),
+                           hparams=SimpleNamespace(lr=1e-4, warmup_ratio=ratio), parameters=lambda: [weight])
+    setup = StructuralRetriever.configure_optimizers(fake)  # only reads trainer, hparams and parameters
+    optimizer, scheduler = setup["optimizer"], setup["lr_scheduler"]["scheduler"]
+    seen = []
+    for _ in range(total + 2):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    warmup = int(total * ratio)
+    assert seen == pytest.approx([1e-4 * replaced(step, warmup) for step in range(total + 2)], rel=1e-12, abs=1e-18)
+    assert seen[0] > 0 and seen[total] == 0.0
 
 
 def test_validation_ranking_orders_by_inner_product():

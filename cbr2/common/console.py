@@ -6,9 +6,9 @@ third-party messages that tell a user nothing (tips, deprecation notices of libr
 download bars of files that are already local); warnings that can matter (a monitored metric
 that is missing, an unreachable W&B server) are kept.
 
-``Progress`` is the progress display of long loops (generation, encoding, training): a tqdm bar
-on a terminal, and on a file or pipe a line every ``LINE_EVERY_S`` seconds with the rate and the
-time left, so a log shows where a job is while it runs, not only when it ends.
+``progress`` is the display of long loops (generation, encoding, training): a tqdm bar on a
+terminal, and on a file or pipe a line every ``LINE_EVERY_S`` seconds with the rate and the time
+left (tqdm's ``mininterval``), so a log shows where a job is while it runs, not only when it ends.
 """
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ import logging
 import os
 import re
 import sys
-import time
 import warnings
 from collections.abc import Iterable
-from types import TracebackType
 from typing import Any
 
 FORMAT = "%(levelname)s %(name)s: %(message)s"
@@ -113,39 +111,36 @@ def did_you_mean(value: object, choices: Iterable[object], n: int = 2, cutoff: f
     return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
-def duration(seconds: float) -> str:
-    """``42 s``, ``3 min 05 s``, ``1 h 12 min``."""
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
-    minutes, secs = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
+class _LogLines:
+    """A file for tqdm that logs each status it writes as one line (tqdm writes ``\\r`` + status)."""
+
+    def __init__(self, logger: logging.Logger):
+        self.log = logger
+
+    def write(self, text: str) -> None:
+        text = text.strip()
+        if text:
+            self.log.info("%s", text)
+
+    def flush(self) -> None:
+        pass
 
 
-def progress_line(desc: str, done: int, total: int | None, elapsed_s: float, unit: str = "it",
-                  postfix: str = "") -> str:
-    """``generate 12/27 (44%) · 6.4 s/q · 1 min 17 s elapsed · about 1 min 36 s left``."""
-    parts = [f"{desc} {done}/{total} ({100 * done / total:.0f}%)" if total else f"{desc} {done}"]
-    if done:
-        per = elapsed_s / done
-        parts.append(f"{per:.1f} s/{unit}" if per >= 1 else f"{1 / per:.1f} {unit}/s")
-    parts.append(f"{duration(elapsed_s)} elapsed")
-    if done and total and done < total:
-        parts.append(f"about {duration(elapsed_s / done * (total - done))} left")
-    if postfix:
-        parts.append(postfix)
-    return " · ".join(parts)
+# Off a terminal: one line per status, the numbers a log reader wants and no bar.
+_LINE = "{desc} {n_fmt}/{total_fmt} ({percentage:.0f}%) · {rate_fmt} · {elapsed} elapsed · about {remaining} left{postfix}"
+_LINE_NO_TOTAL = "{desc} {n_fmt} · {rate_fmt} · {elapsed} elapsed{postfix}"
 
 
-class Progress:
-    """A progress display: tqdm on a terminal, a logged line every ``every_s`` seconds otherwise.
+def progress(total: int | None, desc: str, unit: str = "it", initial: int = 0, logger: logging.Logger | None = None,
+             disable: bool = False) -> Any:
+    """A tqdm progress display: a bar on a terminal, a logged line every ``LINE_EVERY_S`` seconds otherwise.
 
-    Used as a context manager, like tqdm::
+    Off a terminal the lines go through ``logger``: one when the loop starts, then at an update
+    at least ``LINE_EVERY_S`` seconds after the last line, and one when it closes. Rates and the
+    time left count only the items done in this process (``initial`` were done before). Used as
+    a context manager, like any tqdm::
 
-        with Progress(total=len(todo), desc="generate", unit="q") as bar:
+        with progress(total=len(todo), desc="generate", unit="q") as bar:
             bar.update()
 
     Args:
@@ -153,63 +148,19 @@ class Progress:
         desc: What is being done (the line's first word).
         unit: Name of one item.
         initial: Items already done (a resumed job).
-        every_s: Seconds between lines when stderr is not a terminal.
-        logger: Where lines go (default: this module's logger).
+        logger: Where lines go off a terminal (default: ``cbr2.progress``).
         disable: Show nothing.
+
+    Returns:
+        The ``tqdm`` object (``update``, ``set_postfix_str``, ``n``, ``close``).
     """
+    from tqdm import tqdm
 
-    def __init__(self, total: int | None, desc: str, unit: str = "it", initial: int = 0,
-                 every_s: float = LINE_EVERY_S, logger: logging.Logger | None = None, disable: bool = False):
-        self.total, self.desc, self.unit, self.done = total, desc, unit, initial
-        self.every_s, self.log = every_s, logger or logging.getLogger("cbr2.progress")
-        self.disable, self.postfix = disable, ""
-        self._initial = initial
-        self._start = self._last = time.perf_counter()
-        self._bar: Any = None
-        if not disable and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
-
-    def update(self, n: int = 1) -> None:
-        """Count ``n`` more items done."""
-        self.done += n
-        if self._bar is not None:
-            self._bar.update(n)
-            return
-        now = time.perf_counter()
-        if not self.disable and now - self._last >= self.every_s and (self.total is None or self.done < self.total):
-            self._last = now
-            self.log.info("%s", self.line())
-
-    def set_postfix(self, text: str) -> None:
-        """Extra text at the end of the line (e.g. the current loss)."""
-        self.postfix = text
-        if self._bar is not None:
-            self._bar.set_postfix_str(text)
-
-    def line(self) -> str:
-        """The current progress line; rates count only the items done in this process."""
-        elapsed = time.perf_counter() - self._start
-        done_here = self.done - self._initial
-        total_here = None if self.total is None else self.total - self._initial
-        text = progress_line(self.desc, done_here, total_here, elapsed, self.unit, self.postfix)
-        if self._initial:
-            text += f" · {self._initial} done before"
-        return text
-
-    def close(self) -> None:
-        """End the display; off a terminal, a final line says how long it took."""
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-        elif not self.disable and self.done > self._initial:
-            self.log.info("%s", self.line())
-        self.disable = True
-
-    def __enter__(self) -> Progress:  # noqa: PYI034 - a final class; Self needs Python 3.11
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
+    if sys.stderr.isatty():
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True,
+                    disable=disable)
+    # miniters=1: at most one line per LINE_EVERY_S, decided at each update; tqdm's adaptive
+    # miniters would let its monitor thread print between updates. smoothing=0: average rates.
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=disable,
+                file=_LogLines(logger or logging.getLogger("cbr2.progress")), mininterval=LINE_EVERY_S,
+                miniters=1, smoothing=0, bar_format=_LINE if total is not None else _LINE_NO_TOTAL)

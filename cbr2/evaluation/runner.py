@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from cbr2.common.console import Progress
+from cbr2.common.console import progress
 from cbr2.common.errors import UserError
 from cbr2.config import canonical_ablation
 from cbr2.data.benchmarks import Benchmark
@@ -37,9 +37,9 @@ from cbr2.evaluation.run_folder import (
 )
 from cbr2.evaluation.scoring import score_completion
 from cbr2.evaluation.selection import resolve_shard, select_questions, shard_of
-from cbr2.generation import canonicalize as canonicalization
-from cbr2.generation import grammar as grammars
+from cbr2.generation.canonicalize import Canonicalizer, build_canonicalizer
 from cbr2.generation.fallback import build_correction, corrected, first_pass, is_pending
+from cbr2.generation.grammar import build_grammar
 from cbr2.generation.prompt import PromptBuilder, prompt_hash
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.sketch import schema_items, sketch
@@ -164,8 +164,7 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
     pred_path = out / "predictions.jsonl"
     grammar = None
     if gen.constrained:
-        # Builders are looked up in their modules when called, so a test can swap one.
-        grammar = grammars.build_grammar(cfg, bench)
+        grammar = build_grammar(cfg, bench)
     backend = make_backend(cfg, questions, grammar=grammar)
     gen_key = generation_key(cfg, backend)
     hashes = [prompt_hash(p) for p in prompts]
@@ -182,7 +181,7 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
     executor = Executor(bench.kb, cfg.eval.timeout_s, engine=cfg.eval.executor)
     canonicalize = None
     if gen.canonicalize:
-        canonicalize = canonicalization.build_canonicalizer(cfg, bench)
+        canonicalize = build_canonicalizer(cfg, bench)
 
     def score(text: str, i: int) -> Prediction:
         return score_completion(text, questions[i], bench, executor, cfg.prompt.format, canonicalize=canonicalize)
@@ -193,7 +192,7 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
             done[record["id"]] = record
 
         if todo:
-            with Progress(total=len(todo), desc="generate", unit="q") as bar:
+            with progress(total=len(todo), desc="generate", unit="q") as bar:
                 last = [time.perf_counter()]
 
                 def on_result(j: int, completion: Completion) -> None:
@@ -239,11 +238,11 @@ def _correct(cfg: DictConfig, bench: Benchmark, canonicalize: Any, backend: Any,
     """
     start = time.perf_counter()
     if canonicalize is None:
-        canonicalize = canonicalization.Canonicalizer(bench.kb.vocabulary)
+        canonicalize = Canonicalizer(bench.kb.vocabulary)
     corrections = [build_correction(prompt, record, bench.kb.vocabulary, canonicalize.nearest)
                    for _, prompt, record in failed]
     log.info("fallback: correcting %d failed programs", len(corrections))
-    with Progress(total=len(corrections), desc="correct", unit="q") as bar:
+    with progress(total=len(corrections), desc="correct", unit="q") as bar:
         last = [start]
 
         def on_result(j: int, completion: Completion) -> None:
@@ -277,7 +276,7 @@ def run_retrieval(cfg: DictConfig, bench: Benchmark, questions: list[Question], 
     retriever = Retriever(bench, r, cfg.structural.checkpoint, extra_views)
     start = time.perf_counter()
     retrieved: list[Retrieved] = []
-    with Progress(total=len(questions), desc="retrieve", unit="q", disable=len(questions) <= BATCH) as bar:
+    with progress(total=len(questions), desc="retrieve", unit="q", disable=len(questions) <= BATCH) as bar:
         for i in range(0, len(questions), BATCH):
             batch = questions[i: i + BATCH]
             retrieved += retriever.retrieve([Query(q.qid, q.question) for q in batch])

@@ -33,7 +33,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from cbr2.common.console import Progress
+from cbr2.common.console import progress
 from cbr2.common.files import file_sha256, remove_path
 from cbr2.common.locks import build_lock
 from cbr2.retrieval.index import build_index
@@ -175,7 +175,7 @@ class EmbeddingStore:
             remove_path(folder)
             folder.mkdir(parents=True)
             _write_atomic(folder / "meta.json", json.dumps(manifest, indent=2) + "\n")
-        with Progress(total=n, initial=done, unit="text", desc=f"encoding {label}", logger=log) as bar:
+        with progress(total=n, initial=done, unit="text", desc=f"encoding {label}", logger=log) as bar:
             for start in range(done, n, size):
                 block = _checked(embed(texts[start: start + size]), min(size, n - start))
                 if out is None:

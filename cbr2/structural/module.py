@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from scipy.stats import spearmanr
 
+from cbr2.common.errors import ConfigError
 from cbr2.evaluation.metrics import sketch_hit_at_k
 from cbr2.retrieval.encoders import encode, resolve_model
 from cbr2.retrieval.index import build_index, search
@@ -29,22 +30,6 @@ if TYPE_CHECKING:
 
 HIT_KS = (1, 5)
 """The k of the logged ``val/sketch_hit@k``."""
-
-
-def cosine_mse_loss(emb_a: torch.Tensor, emb_b: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean squared error between the pairs' cosine similarities and their labels.
-
-    Args:
-        emb_a: ``(B, D)`` embeddings of the first questions.
-        emb_b: ``(B, D)`` embeddings of the second questions.
-        labels: ``(B,)`` sketch similarities in [0, 1].
-
-    Returns:
-        A scalar tensor.
-    """
-    # float32 whatever the training precision: cosines near 1 need the mantissa.
-    cos = F.cosine_similarity(emb_a.float(), emb_b.float(), dim=-1)  # (B,)
-    return F.mse_loss(cos, labels.float())
 
 
 def sketch_hits(queries: QuestionSet, q_emb: np.ndarray, pool: QuestionSet, pool_emb: np.ndarray,
@@ -102,7 +87,8 @@ class StructuralRetriever(L.LightningModule):
         train_seconds: Seconds this process spent in training steps in this session.
     """
 
-    def __init__(self, backbone: str, max_seq_length: int = 64, lr: float = 2e-5, warmup_ratio: float = 0.1,
+    # The training settings have their one default in the config (StructuralTrainConfig), none here.
+    def __init__(self, backbone: str, *, max_seq_length: int, lr: float, warmup_ratio: float,
                  eval_batch_size: int = 128):
         super().__init__()
         self.save_hyperparameters()
@@ -130,7 +116,12 @@ class StructuralRetriever(L.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         texts_a, texts_b, labels = batch
-        loss = cosine_mse_loss(*self._embed_pairs(texts_a, texts_b), labels)
+        emb_a, emb_b = self._embed_pairs(texts_a, texts_b)
+        # sentence-transformers' CosineSimilarityLoss, computed as it does (tests/test_structural.py
+        # compares the two); the class itself holds the encoder as a submodule, which would give
+        # every weight a second name in the checkpoints. float32 whatever the training precision:
+        # cosines near 1 need the mantissa.
+        loss = F.mse_loss(F.cosine_similarity(emb_a.float(), emb_b.float(), dim=-1), labels.float())  # (B,) vs (B,)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(labels))
         self.train_pairs += len(labels)
         return loss
@@ -143,20 +134,20 @@ class StructuralRetriever(L.LightningModule):
         self.train_seconds += time.perf_counter() - self._batch_start
 
     def configure_optimizers(self) -> dict[str, Any]:
+        from transformers import get_linear_schedule_with_warmup
+
         total = self.trainer.estimated_stepping_batches
         if not math.isfinite(total):
-            raise ValueError("the number of training steps is unknown; set trainer.max_steps or trainer.max_epochs")
+            raise ConfigError("the number of training steps is unknown; set trainer.max_steps or trainer.max_epochs")
         total = max(1, int(total))
         warmup = int(total * self.hparams.warmup_ratio)
-
-        def factor(step: int) -> float:
-            # Linear warm-up that starts above zero (no wasted step), then linear decay towards 0.
-            if step < warmup:
-                return (step + 1) / (warmup + 1)
-            return max(0.0, (total - step) / max(1, total - warmup))
-
         optimizer = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        # Linear warm-up, then linear decay to 0, as transformers schedules it, but counted from one
+        # step in (last_epoch=0; LambdaLR then reads the peak from initial_lr): the first step trains
+        # at lr/(warmup+1), not at 0, and step s at lr*(s+1)/(warmup+1) until the peak.
+        for group in optimizer.param_groups:
+            group["initial_lr"] = group["lr"]
+        scheduler = get_linear_schedule_with_warmup(optimizer, warmup + 1, total + 1, last_epoch=0)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ---------------------------------------------------------------- validation

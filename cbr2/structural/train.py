@@ -20,11 +20,8 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import lightning as L
 import torch
@@ -34,7 +31,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from omegaconf import DictConfig, OmegaConf
 
 from cbr2.cluster import slurm
-from cbr2.common.console import Progress, route_library_loggers
+from cbr2.common.console import progress, route_library_loggers
 from cbr2.config import ConfigError, git_hash
 from cbr2.evaluation.tracking import announce, wandb_mode
 from cbr2.structural.checkpoints import export_checkpoint
@@ -83,7 +80,7 @@ def run_id(cfg: DictConfig) -> str:
 
 
 class LineProgress(Callback):
-    """Training progress as ``cbr2.common.console.Progress`` shows it: a bar on a terminal, and in a log
+    """Training progress as ``cbr2.common.console.progress`` shows it: a bar on a terminal, and in a log
     file a line every 30 s with the step, the loss and the time left, while the run goes on.
 
     Replaces Lightning's bar (``trainer.enable_progress_bar``, off unless set), whose rich display
@@ -92,7 +89,7 @@ class LineProgress(Callback):
     """
 
     def __init__(self) -> None:
-        self.bar: Progress | None = None
+        self.bar: Any = None  # a tqdm, while training
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero:
@@ -103,7 +100,7 @@ class LineProgress(Callback):
         trainable = sum(p.numel() for p in pl_module.parameters() if p.requires_grad)
         log.info("training %s: %.1f M parameters (%.1f M trainable), %s optimiser steps", type(pl_module).__name__,
                  params / 1e6, trainable / 1e6, total if total is not None else "an unknown number of")
-        self.bar = Progress(total=total, desc="train", unit="step", initial=trainer.global_step, logger=log)
+        self.bar = progress(total=total, desc="train", unit="step", initial=trainer.global_step, logger=log)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -111,9 +108,9 @@ class LineProgress(Callback):
             return
         loss = trainer.callback_metrics.get("train/loss")
         epochs = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
-        self.bar.set_postfix(f"epoch {trainer.current_epoch + 1}{epochs}"
-                             + (f" · loss {float(loss):.4f}" if loss is not None else ""))
-        self.bar.update(trainer.global_step - self.bar.done)
+        self.bar.set_postfix_str(f"epoch {trainer.current_epoch + 1}{epochs}"
+                                 + (f" · loss {float(loss):.4f}" if loss is not None else ""), refresh=False)
+        self.bar.update(trainer.global_step - self.bar.n)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.bar is None or trainer.sanity_checking:
@@ -199,16 +196,21 @@ def resume_checkpoint(run_dir: Path) -> Path | None:
     return max(candidates)[2] if candidates else None
 
 
-@contextmanager
-def _own_weights() -> Iterator[None]:
-    """Make ``trainer.validate(module)`` validate the module's weights as they are.
+def _validate_as_is(module: StructuralRetriever, dm: PairDataModule, kwargs: dict[str, Any], out: Path,
+                    loggers: list[Logger] | bool) -> dict[str, float]:
+    """Validation metrics of the module's weights as they are, from a Trainer of its own.
 
-    In a SLURM job, Lightning's validate without ``ckpt_path`` loads the run folder's newest
-    ``hpc_ckpt_N.ckpt`` into the module: the baseline would not be the untrained backbone and
-    the validation after fitting not the weights fitting ended with (a stale requeue state).
+    In a SLURM job, ``Trainer.validate`` without ``ckpt_path`` first loads the newest
+    ``hpc_ckpt_N.ckpt`` of the Trainer's ``default_root_dir``, the run folder for the training
+    Trainer: the baseline would not be the untrained backbone, nor the validation after fitting
+    the weights fitting ended with (a stale requeue state). Lightning asks
+    ``SLURMEnvironment.detect()`` there whatever cluster environment the Trainer was given, so this
+    Trainer's root is a folder that holds no requeue checkpoint (and is never created).
     """
-    with mock.patch.object(SLURMEnvironment, "detect", return_value=False):
-        yield
+    validator = L.Trainer(**{**kwargs, "enable_checkpointing": False}, logger=loggers, callbacks=[],
+                          default_root_dir=out / "validation")
+    validator.validate(module, datamodule=dm, verbose=False)
+    return dict(module.val_metrics)
 
 
 def _loggers(cfg: DictConfig, out: Path, rid: str) -> list[Logger]:
@@ -241,9 +243,9 @@ def _recorded_run_id(out: Path) -> str | None:
     return saved.get("run_id") if isinstance(saved, dict) else None
 
 
-def _baseline(trainer: L.Trainer, module: StructuralRetriever, dm: PairDataModule, out: Path,
-              rid: str) -> dict[str, float]:
-    """Validation metrics of the untrained backbone, computed once per run."""
+def _baseline(module: StructuralRetriever, dm: PairDataModule, kwargs: dict[str, Any], out: Path, rid: str,
+              loggers: list[Logger]) -> dict[str, float]:
+    """Validation metrics of the untrained backbone, computed once per run (logged at step 0)."""
     cached = out / "baseline.json"
     try:
         saved = json.loads(cached.read_text(encoding="utf-8"))
@@ -251,10 +253,8 @@ def _baseline(trainer: L.Trainer, module: StructuralRetriever, dm: PairDataModul
             return dict(saved["metrics"])
     except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: computed again
         pass
-    with _own_weights():
-        trainer.validate(module, datamodule=dm, verbose=False)
-    metrics = dict(module.val_metrics)
-    if trainer.is_global_zero:
+    metrics = _validate_as_is(module, dm, kwargs, out, loggers)
+    if module.trainer.is_global_zero:
         cached.write_text(json.dumps({"run_id": rid, "metrics": metrics}, indent=2) + "\n", encoding="utf-8")
     return metrics
 
@@ -315,7 +315,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         log.warning("%s holds run %s, trained with another configuration; run %s continues from its checkpoint "
                     "(choose another output_dir to start afresh)", out, earlier, rid)
     try:
-        baseline = _baseline(trainer, module, dm, out, rid)
+        baseline = _baseline(module, dm, kwargs, out, rid, loggers)
         module.val_metrics = {}
         if resume:
             kind = "SLURM requeue checkpoint" if _HPC_CKPT.fullmatch(resume.name) else "last checkpoint"
@@ -323,9 +323,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         trainer.fit(module, datamodule=dm, ckpt_path=resume)
         if not checkpointing.best_model_path:
             # Fitting stopped before its first validation (trainer.max_steps within the first epoch):
-            # validate the weights there are, which are then the ones exported.
-            with _own_weights():
-                trainer.validate(module, datamodule=dm, verbose=False)
+            # validate the weights there are, which are then the ones exported, logged at the last step.
+            metrics = _validate_as_is(module, dm, kwargs, out, loggers=False)
+            for logger in loggers:
+                logger.log_metrics({**metrics, "epoch": trainer.current_epoch}, step=trainer.global_step)
+                logger.save()
     finally:
         _finish_wandb(loggers)
 
