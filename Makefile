@@ -1,11 +1,12 @@
-# The two commands of the README: `make evaluate` (main job on the embedded default) and
-# `make test`. Both create the virtual environment on first use.
+# The commands of the README: `make evaluate` (main job on the embedded default), `make test`
+# (the fast tier) and `make test-all` (every tier; .ci/run). All create the virtual environment
+# on first use.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU wheel of torch; an unpinned torch pulls a multi-GB CUDA build on CPU machines.
 TORCH ?= torch==2.13.0
 
-.PHONY: install evaluate test
+.PHONY: install evaluate test test-all
 install: $(VENV)/.installed
 
 # The environment, in order (comments here, not in the recipe, where make would print them):
@@ -30,5 +31,12 @@ $(VENV)/.installed: pyproject.toml
 evaluate: install
 	$(PY) evaluate.py $(ARGS)
 
+# The fast tier: unit tests on tiny fixtures and honest fakes. The other tiers are pyproject.toml's
+# markers: slow (real models, whole pipelines), slurm (a private Slurm), fuzz, gpu.
+FAST := not slow and not slurm and not fuzz and not gpu
+
 test: install
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "$(FAST)" $(PYTEST_ARGS)
+
+test-all: install
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)

@@ -14,6 +14,7 @@ Three families, all reproducible from one seed:
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Iterator
 
 from cbr2.kopl.text import ARROW
@@ -37,18 +38,25 @@ def _random_piece(rng: random.Random) -> str:
     return _HUGE
 
 
-def mutate(text: str, rng: random.Random) -> str:
-    """One to three random edits of ``text``."""
+EDITS = ("delete span", "insert", "duplicate span", "shuffle lines", "duplicate line", "replace span",
+         "replace delimiter")
+"""The kinds of random edit ``mutate`` makes, in the order of its die."""
+
+
+def mutate(text: str, rng: random.Random, kinds: Counter[str] | None = None) -> str:
+    """One to three random edits of ``text``; ``kinds`` counts each edit made by its name in ``EDITS``."""
     for _ in range(rng.randint(1, 3)):
         op = rng.randrange(7)
         i = rng.randrange(len(text) + 1)
         j = min(len(text), i + rng.randrange(1, 12))
-        if op == 0 and text:
-            text = text[:i] + text[j:]  # delete a span
+        if op in (0, 5) and not text:
+            op = 6  # nothing to delete or replace: a delimiter is replaced instead (a no-op on "")
+        if op == 0:
+            text = text[:i] + text[j:]
         elif op == 1:
-            text = text[:i] + _random_piece(rng) + text[i:]  # insert
+            text = text[:i] + _random_piece(rng) + text[i:]
         elif op == 2:
-            text = text[:i] + text[i:j] * rng.randint(2, 4) + text[j:]  # duplicate a span
+            text = text[:i] + text[i:j] * rng.randint(2, 4) + text[j:]
         elif op == 3:
             lines = text.splitlines()
             rng.shuffle(lines)
@@ -56,21 +64,23 @@ def mutate(text: str, rng: random.Random) -> str:
         elif op == 4:
             lines = text.splitlines() or [""]
             k = rng.randrange(len(lines))
-            lines.insert(k, lines[k])  # duplicate a line
+            lines.insert(k, lines[k])
             text = "\n".join(lines)
-        elif op == 5 and text:
-            text = text[:i] + _random_piece(rng) + text[j:]  # replace a span
+        elif op == 5:
+            text = text[:i] + _random_piece(rng) + text[j:]
         else:
             text = text.replace(rng.choice([ARROW, "|", "[", "]", "r1", "r2", ":"]), _random_piece(rng), 1)
+        if kinds is not None:
+            kinds[EDITS[op]] += 1
     return text
 
 
-def mutations(golds: list[str], n: int, seed: int) -> Iterator[tuple[int, str]]:
-    """``n`` mutated texts as (index of the gold text, text)."""
+def mutations(golds: list[str], n: int, seed: int, kinds: Counter[str] | None = None) -> Iterator[tuple[int, str]]:
+    """``n`` mutated texts as (index of the gold text, text); ``kinds`` as in ``mutate``."""
     rng = random.Random(seed)
     for _ in range(n):
         k = rng.randrange(len(golds))
-        yield k, mutate(golds[k], rng)
+        yield k, mutate(golds[k], rng, kinds)
 
 
 def adversarial() -> list[str]:

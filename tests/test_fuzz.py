@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections import Counter
 
 import fuzzing
 import pytest
@@ -100,7 +101,13 @@ def test_mutated_gold_programs_never_escape_and_stay_bounded(setting, fmt, tmp_p
     _, questions, _, _ = setting
     golds = _golds(questions, fmt)
     texts = [t for _, t in golds]
-    cases = [(golds[k][0], text) for k, text in fuzzing.mutations(texts, MUTATIONS_PER_CASE, seed=FORMATS.index(fmt) + 1)]
+    kinds = Counter()
+    mutated = list(fuzzing.mutations(texts, MUTATIONS_PER_CASE, seed=FORMATS.index(fmt) + 1, kinds=kinds))
+    # The generator did its work: many golds, every kind of edit often, texts that differ from their gold.
+    assert len(texts) >= 50 and len(mutated) == MUTATIONS_PER_CASE
+    assert set(kinds) == set(fuzzing.EDITS) and min(kinds.values()) >= MUTATIONS_PER_CASE // 20, kinds
+    assert sum(text != texts[k] for k, text in mutated) >= 0.9 * MUTATIONS_PER_CASE
+    cases = [(golds[k][0], text) for k, text in mutated]
     escapes, slow, big, unreadable = _run(cases, setting, fmt, tmp_path / "predictions.jsonl")
     assert (escapes, slow, big, unreadable) == ([], [], [], [])
 
@@ -128,6 +135,19 @@ def test_meaning_preserving_edits_still_score_correct(setting, fmt):
             wrong.append((edited, record and record["error"]))
     assert checked >= 50
     assert wrong == []
+
+
+def test_each_kind_of_edit_changes_a_text_as_named():
+    text = "r1: Find[Big Ben] → Relate[country | forward] → QueryName[]\nr2: Find[X] → QueryName[]"
+    kinds = Counter()
+    changed = Counter()
+    for seed in range(300):
+        counted = Counter()
+        edited = fuzzing.mutate(text, random.Random(seed), counted)
+        if edited != text and sum(counted.values()) == 1:
+            changed.update(counted)  # a text hit by one edit only, and changed by it
+        kinds.update(counted)
+    assert set(kinds) == set(changed) == set(fuzzing.EDITS)
 
 
 def test_the_generator_is_reproducible():

@@ -220,12 +220,13 @@ def test_server_errors_are_retried_then_give_up(server):
     assert [h.get("x-stainless-retry-count") for _, _, h in server.requests] == ["0", "1", "2"]
 
 
-def test_retries_follow_llm_max_retries_and_retry_after(server):
+def test_retries_follow_llm_max_retries_and_retry_after(server, monkeypatch):
     server.respond = lambda path, body, n: (429, {"retry-after-ms": "300"}, {"error": {"message": "busy"}}, 0.0)
-    start = time.perf_counter()
+    sleeps, sleep = [], time.sleep  # what the client is asked to wait, not how long a busy machine took
+    monkeypatch.setattr(time, "sleep", lambda s: sleeps.append(s) or sleep(s))
     with pytest.raises(LLMRequestError, match=r"HTTP 429 .*busy \(after 1 retries\)"):
         OpenAIBackend(_cfg(server, max_retries=1)).generate(_prompts(1))
-    assert time.perf_counter() - start >= 0.3 and len(server.requests) == 2  # waited as asked, then gave up
+    assert pytest.approx(0.3) in sleeps and len(server.requests) == 2  # waited as asked, then gave up
     server.requests.clear()
     with pytest.raises(LLMRequestError, match=r"HTTP 429 .*busy$"):
         OpenAIBackend(_cfg(server, max_retries=0)).generate(_prompts(1))
@@ -270,7 +271,8 @@ def test_timeouts_are_retried(server):
     server.respond = lambda path, body, n: (None if n else (200, {}, {}, 1.5))  # the first try hangs
     got = OpenAIBackend(_cfg(server, timeout_s=0.4)).generate(_prompts(2))
     assert [c.text for c in got] == ["Find(question 0)", "Find(question 1)"]
-    assert sorted(server.tries.values()) == [2, 2]
+    # Each first try hung and was tried again (a busy machine may time out a second try too).
+    assert len(server.tries) == 2 and min(server.tries.values()) >= 2
 
 
 def test_connection_errors_are_retried_then_reported():

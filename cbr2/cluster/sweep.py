@@ -37,6 +37,7 @@ from typing import Any
 from cbr2.cluster.grid import Run, expand_grid, expand_vary
 from cbr2.common.console import setup_logging
 from cbr2.common.errors import SetupError, UserError
+from cbr2.common.files import write_atomic
 from cbr2.config import (
     ABLATIONS,
     CONFIG_DIR,
@@ -103,10 +104,7 @@ class Sweep:
 
     def save(self) -> None:
         """Write ``sweep.json`` (atomically: tasks read it while the submitter may rewrite it)."""
-        path = Path(self.dir) / "sweep.json"
-        tmp = path.with_name(".sweep.json.tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomic(Path(self.dir) / "sweep.json", json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
     def load(cls, folder: str | Path) -> Sweep:

@@ -127,7 +127,8 @@ class _LogLines:
 
 
 # Off a terminal: one line per status, the numbers a log reader wants and no bar.
-_LINE = "{desc} {n_fmt}/{total_fmt} ({percentage:.0f}%) · {rate_fmt} · {elapsed} elapsed · about {remaining} left{postfix}"
+_LINE = ("{desc} {n_fmt}/{total_fmt} ({percentage:.0f}%) · {rate_fmt} · {elapsed} elapsed · about {remaining} left"
+         "{postfix}")
 _LINE_NO_TOTAL = "{desc} {n_fmt} · {rate_fmt} · {elapsed} elapsed{postfix}"
 
 

@@ -1,9 +1,11 @@
-"""Small file and memory helpers shared by the on-disk caches (embeddings, the KB store) and the loaders."""
+"""Small file and memory helpers shared by the on-disk caches (embeddings, the KB store), the loaders and
+the run files."""
 
 from __future__ import annotations
 
 import gc
 import hashlib
+import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +21,17 @@ def file_sha256(path: str | Path) -> str:
         for block in iter(lambda: handle.read(_BLOCK), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through a file beside it, renamed over it when complete.
+
+    A reader (another task, a browser) never sees half a file, and an interrupted writer never
+    leaves one that looks whole.
+    """
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def remove_path(path: Path) -> None:

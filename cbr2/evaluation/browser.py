@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from cbr2.common.console import setup_logging
+from cbr2.common.files import write_atomic
 from cbr2.evaluation.errors import CLASSES, classify
 from cbr2.evaluation.metrics import ERROR_KINDS
 from cbr2.evaluation.records import read_records
@@ -275,18 +276,11 @@ def render_browser(data: dict[str, Any]) -> str:
     return _page(f"{data['title']} · run browser", data, "browser.js")
 
 
-def _write(path: Path, text: str) -> None:
-    # Written beside and renamed: a reader never sees half a page.
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_browser(run_dir: str | Path, bench: Any = None) -> Path:
     """Write ``run_dir/browser.html`` (see :func:`browser_data`) and return its path."""
     run_dir = Path(run_dir)
     path = run_dir / BROWSER
-    _write(path, render_browser(browser_data(run_dir, bench)))
+    write_atomic(path, render_browser(browser_data(run_dir, bench)))
     return path
 
 
@@ -356,7 +350,7 @@ def write_compare(run_dirs: Sequence[str | Path], out_dir: str | Path, labels: S
     if title:
         data["title"] = title
     path = out_dir / COMPARE
-    _write(path, _page(data["title"], data, "compare.js"))
+    write_atomic(path, _page(data["title"], data, "compare.js"))
     return path
 
 
