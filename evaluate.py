@@ -18,6 +18,7 @@ from cbr2.common.console import setup_logging
 from cbr2.common.errors import UserError
 from cbr2.config import ABLATIONS, Config, add_config_arguments, config_from_args
 from cbr2.evaluation.runner import run_evaluation, show_prompt
+from cbr2.llm.openai_compat import LLMRequestError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +38,11 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(show_prompt(cfg, args.show_prompt))
             return 0
         metrics = run_evaluation(cfg, retrieval_only=args.retrieval_only, ablation=args.ablation)
+    except LLMRequestError as err:
+        # The server is gone or refuses (after the client's retries); every answer that came is saved.
+        print(f"error: the LLM server failed: {err}\nEvery answer received so far is in the run folder; run the same "
+              "command again to resume (it generates only the questions still missing).", file=sys.stderr)
+        return 3
     except UserError as err:  # the user's to fix: one line; anything else is a bug and shows its traceback
         print(f"error: {err}", file=sys.stderr)
         return 2

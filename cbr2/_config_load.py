@@ -144,6 +144,7 @@ RANGES: dict[str, _Range] = {
     "eval.timeout_s": _Range(0, open_low=True, why="seconds per program; 0 or less would fail every program"),
     "eval.num_shards": _COUNT,
     "eval.shard": _ANY_COUNT,
+    "eval.folder_wait_s": _Range(0, why="seconds; 0 refuses at once"),
     "retrieval.batch_size": _COUNT,
     "retrieval.k_ontology": _ANY_COUNT,
     "retrieval.k_facts": _ANY_COUNT,

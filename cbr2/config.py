@@ -175,6 +175,10 @@ class EvalConfig:
     unset: ``$SLURM_ARRAY_TASK_COUNT`` in a job array, else 1. ``python -m cbr2.cluster.merge`` joins them."""
     shard: int | None = None
     """Which shard (0-based) this run evaluates; unset: the job-array task's position, else 0."""
+    folder_wait_s: float = 300.0
+    """How long a run waits for another live run writing the same output folder to end before it
+    refuses (naming that run); 0 refuses at once. Waiting covers a requeued Slurm task whose first
+    incarnation is still being killed; the waiter then resumes from what the other one wrote."""
 
 
 @dataclass

@@ -27,6 +27,7 @@ from typing_extensions import NotRequired, TypedDict  # pydantic needs these on 
 
 from cbr2.common.errors import UserError
 from cbr2.common.files import gc_paused
+from cbr2.data.names import first_problem, kqapro_kb_strings, kqapro_question_strings, question_problem
 
 
 class DataError(UserError):
@@ -287,6 +288,12 @@ def _adapter(schema: Any) -> TypeAdapter:
     return TypeAdapter(schema)
 
 
+def _check_strings(source: str, strings: Iterable[tuple[str, str, bool]]) -> None:
+    """Reject the first name or value the program text cannot carry (``cbr2.data.names``)."""
+    if bad := first_problem(strings):
+        raise DataError(f"{source}: {bad[0]}: {bad[1]}")
+
+
 def _check(schema: Any, raw: Any, source: str, mappings: frozenset[str] = frozenset()) -> None:
     """Validate ``raw`` against ``schema``; the validated copy is dropped, the caller keeps ``raw``."""
     try:
@@ -338,6 +345,7 @@ def validate_kqapro_kb(raw: Any, source: str) -> None:
                 fail(f"{here}.relations[{k}]", "missing key 'relation' (or 'predicate', the older schema's name)")
             if rel["object"] not in entities and rel["object"] not in concepts:
                 fail(f"{here}.relations[{k}].object", f"unknown entity or concept {rel['object']!r}")
+    _check_strings(source, kqapro_kb_strings(raw))
 
 
 def validate_kqapro_questions(raw: Any, source: str) -> None:
@@ -359,6 +367,10 @@ def validate_kqapro_questions(raw: Any, source: str) -> None:
     for i, item in enumerate(raw):
         if not (item.get("question") or item.get("rewrite") or item.get("origin")):
             raise DataError(f"{source}: [{i}]: no question text: missing key 'question' (or 'rewrite' / 'origin')")
+        key = next(k for k in ("question", "rewrite", "origin") if item.get(k))
+        if problem := question_problem(item[key]):
+            raise DataError(f"{source}: [{i}].{key}: {problem}")
+    _check_strings(source, kqapro_question_strings(raw))
     for key in ("answer", "program"):
         have = [item.get(key) is not None for item in raw]
         if any(have) and not all(have):
@@ -401,6 +413,7 @@ def parse_metaqa_kb(text: str, source: str) -> list[tuple[str, str, str]]:
         rows.append({"head": head, "relation": relation, "tail": tail})
         linenos.append(lineno)
     _check_lines(MetaQATriple, rows, linenos, source)
+    _check_strings(source, ((f"line {n}: {f}", r[f], True) for n, r in zip(linenos, rows) for f in ("head", "tail")))
     if not rows:
         raise DataError(f"{source}: no triples (the file is empty)")
     return [(r["head"], r["relation"], r["tail"]) for r in rows]

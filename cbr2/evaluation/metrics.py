@@ -20,8 +20,9 @@ from typing import Any
 from cbr2.evaluation.errors import analyze
 from cbr2.evaluation.records import Prediction
 from cbr2.generation.fallback import FIRES_ON, single_pass_view
+from cbr2.llm.base import PROMPT_TOO_LONG
 
-ERROR_KINDS = ("syntax", "type", "execution", "empty", "wrong")
+ERROR_KINDS = ("syntax", "type", "execution", "empty", "wrong", PROMPT_TOO_LONG)
 """Why a prediction is wrong, in pipeline order; ``None`` means right."""
 
 _QUANTITY = re.compile(r"^([+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)(?:\s+(.+))?$")
@@ -86,7 +87,8 @@ def compute_metrics(records: Iterable[Prediction], categories: Sequence[str] = (
 
     Returns:
         ``{"hits@1", "ser", "ser_before_repair", "n", "per_category": {cat: {...}},
-        "errors": {kind: count}, "error_analysis": {...}}`` with fractions in [0, 1];
+        "errors": {kind: count}, "prompt_too_long": [question ids], "error_analysis": {...}}`` with
+        fractions in [0, 1];
         ``error_analysis`` is ``errors.analyze``'s grounding / logical classification of the
         wrong predictions.
     """
@@ -100,6 +102,8 @@ def compute_metrics(records: Iterable[Prediction], categories: Sequence[str] = (
         **_rates(records),
         "per_category": {c: _rates(by_cat[c]) for c in order},
         "errors": {k: kinds.get(k, 0) for k in ERROR_KINDS},
+        # Named one by one: each was never put to the model, whatever the other numbers say.
+        PROMPT_TOO_LONG: [r["id"] for r in records if r["error_kind"] == PROMPT_TOO_LONG],
         "error_analysis": analyze(records, categories),
     }
 

@@ -130,7 +130,8 @@ def _parse(raw: bytes) -> tuple[Record | None, str]:
     return value, ""
 
 
-def read_records(path: str | Path, repair: bool = False) -> list[tuple[int, Record]]:
+def read_records(path: str | Path, repair: bool = False,
+                 damaged: list[tuple[int, str]] | None = None) -> list[tuple[int, Record]]:
     """The records of a JSONL file with their (1-based) line numbers; none when it does not exist.
 
     A damaged last line (of any kind: cut JSON, cut UTF-8, garbage, a JSON value that is not a
@@ -142,6 +143,8 @@ def read_records(path: str | Path, repair: bool = False) -> list[tuple[int, Reco
         path: The file.
         repair: Fix the file in place (only its writer should: a reader of a file another
             process is appending to must not cut it).
+        damaged: When given, a damaged line anywhere is noted here as ``(line, what is wrong)``
+            and skipped instead of raising (the folder repair, which keeps the file whole).
 
     Raises:
         ValueError: Naming the file, the line and what is wrong, for damage before the last line.
@@ -158,16 +161,20 @@ def read_records(path: str | Path, repair: bool = False) -> list[tuple[int, Reco
     offset = 0  # byte offset of the current line's start
     for lineno, raw in enumerate(lines, 1):
         record, problem = _parse(raw)
-        if record is None:
+        if record is None and damaged is not None:
+            damaged.append((lineno, problem))
+        elif record is None:
             if lineno < len(lines):
-                raise UserError(f"{path}:{lineno}: corrupt record ({problem}); remove the line or the file")
+                raise UserError(f"{path}:{lineno}: corrupt record ({problem}); remove the line or the file "
+                                 "(a run folder: `python -m cbr2.evaluation.repair FOLDER`)")
             log.warning("%s:%d: dropping the damaged last line (%s)%s", path, lineno, problem,
                         "; it is written again" if repair else "")
             if repair:
                 with path.open("r+b") as handle:
                     handle.truncate(offset)
             return records
-        records.append((lineno, record))
+        else:
+            records.append((lineno, record))
         offset += len(raw) + 1
     if repair and data and not data.endswith(b"\n"):  # a complete record, killed before its newline
         with path.open("ab") as handle:
@@ -175,24 +182,50 @@ def read_records(path: str | Path, repair: bool = False) -> list[tuple[int, Reco
     return records
 
 
+TIMING_KEYS = frozenset({"latency_s"})
+"""Keys that time a record rather than say what it is; also read inside its nested blocks
+(``fallback``, ``single_pass``). Two records of a question that differ only there are the same
+answer measured twice (two runs of a deterministic generator), not a conflict."""
+
+
+def untimed(record: Record) -> Record:
+    """``record`` without its ``TIMING_KEYS``, at the top and one level down."""
+    return {k: ({kk: vv for kk, vv in v.items() if kk not in TIMING_KEYS} if isinstance(v, dict) else v)
+            for k, v in record.items() if k not in TIMING_KEYS}
+
+
 def records_by_id(path: str | Path, entries: Sequence[tuple[int, Record]],
-                  supersedes: Callable[[Record, Record], bool] | None = None) -> dict[str, Record]:
+                  supersedes: Callable[[Record, Record], bool] | None = None,
+                  conflicts: list[tuple[int, int, str]] | None = None) -> dict[str, Record]:
     """The records of ``read_records`` by id, checking that a repeated id is legitimate.
 
-    A later record of an id replaces the earlier one when the two are identical or when
-    ``supersedes(new, old)`` says the new one is a newer version of the old (e.g. a stale
-    prediction generated again); any other repetition means two writers mixed their records.
+    A later record of an id replaces the earlier one when the two are the same but for timing
+    (``untimed``) or when ``supersedes(new, old)`` says the new one is a newer version of the
+    old (e.g. a stale prediction generated again); any other repetition means two writers mixed
+    their records.
+
+    Args:
+        path: The file, for messages.
+        entries: ``read_records``' ``(line, record)`` pairs.
+        supersedes: Whether a later record may replace an earlier one of its id.
+        conflicts: When given, a conflicting repetition is noted here as ``(first line, later
+            line, id)`` and the first record is kept, instead of raising (the folder repair).
 
     Raises:
-        ValueError: Naming the file, the id and both line numbers of a conflicting repetition.
+        UserError: Naming the file, the id and both line numbers of a conflicting repetition.
     """
     found: dict[str, tuple[int, Record]] = {}
     for lineno, record in entries:
         qid = record["id"]
         if qid in found:
             first_line, old = found[qid]
-            if record != old and not (supersedes and supersedes(record, old)):
-                raise UserError(f"{path}: lines {first_line} and {lineno} both hold id {qid!r} with different "
-                                 "content (two runs wrote into this file?); keep one of them or remove the file")
+            if untimed(record) != untimed(old) and not (supersedes and supersedes(record, old)):
+                if conflicts is None:
+                    raise UserError(
+                        f"{path}: lines {first_line} and {lineno} both hold id {qid!r} with different content (two "
+                        "runs wrote into this file?); `python -m cbr2.evaluation.repair FOLDER` keeps one record "
+                        "per question")
+                conflicts.append((first_line, lineno, qid))
+                continue
         found[qid] = (lineno, record)
     return {qid: record for qid, (_, record) in found.items()}

@@ -207,10 +207,10 @@ def load_predictions(path: Path, repair: bool = False) -> dict[str, Prediction]:
             lines of a question recorded twice with different content that supersedes nothing.
     """
     # The reader checks only that a line is an object with an id; the runner wrote it as a Prediction.
-    return cast(dict[str, Prediction], records_by_id(path, read_records(path, repair=repair), supersedes=_supersedes))
+    return cast(dict[str, Prediction], records_by_id(path, read_records(path, repair=repair), supersedes=supersedes))
 
 
-def _supersedes(new: Record, old: Record) -> bool:
+def supersedes(new: Record, old: Record) -> bool:
     """Whether ``new`` may replace the earlier record ``old`` of the same question."""
     stale = (new.get("prompt_hash"), new.get("generation_key")) != (old.get("prompt_hash"), old.get("generation_key"))
     return stale or is_pending(old)

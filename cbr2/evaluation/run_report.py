@@ -11,6 +11,7 @@ from typing import Any
 from cbr2.data.questions import KQAPRO_ABBREVIATIONS
 from cbr2.evaluation.errors import CLASSES
 from cbr2.evaluation.metrics import ERROR_KINDS
+from cbr2.llm.base import PROMPT_TOO_LONG
 
 CLASS_LEGEND = ("Grounding: the program names a wrong or non-existent schema item, entity or value. "
                 "Logical: a condition dropped or added, a relation direction flipped, a comparison reversed "
@@ -57,6 +58,11 @@ def render_report(metrics: dict[str, Any], title: str) -> str:
                                f"the KB vocabulary snapped to a KB item, in {snaps['questions']} questions.")]
         lines += ["", "## Errors", "", "| kind | count |", "|---|---:|"]
         lines += [f"| {k} | {metrics['errors'].get(k, 0)} |" for k in ERROR_KINDS]
+        if metrics.get(PROMPT_TOO_LONG):
+            ids = metrics[PROMPT_TOO_LONG]
+            lines += ["", f"Not generated, counted wrong: {len(ids)} questions whose prompt is longer than the model's "
+                      f"context (`{PROMPT_TOO_LONG}`; raise `llm.max_model_len` or shorten the prompt): "
+                      + ", ".join(f"`{i}`" for i in ids) + "."]
         lines += render_fallback(metrics)
     if "error_analysis" in metrics:
         lines += render_error_analysis(metrics["error_analysis"], metrics.get("n"))

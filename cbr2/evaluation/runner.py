@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from cbr2.common.console import progress
+from cbr2.common.locks import hold_folder
 from cbr2.common.errors import UserError
 from cbr2.config import canonical_ablation
 from cbr2.data.benchmarks import Benchmark
@@ -35,7 +36,7 @@ from cbr2.evaluation.run_folder import (
     provenance,
     write_config,
 )
-from cbr2.evaluation.scoring import score_completion
+from cbr2.evaluation.scoring import score_completion, unanswered
 from cbr2.evaluation.selection import resolve_shard, select_questions, shard_of
 from cbr2.generation.canonicalize import Canonicalizer, build_canonicalizer
 from cbr2.generation.fallback import build_correction, corrected, first_pass, is_pending
@@ -45,7 +46,7 @@ from cbr2.kopl.executor import Executor
 from cbr2.kopl.sketch import schema_items, sketch
 from cbr2.kopl.text import FORMATS
 from cbr2.llm import backend_class, make_backend
-from cbr2.llm.base import Completion, Prompt
+from cbr2.llm.base import PROMPT_TOO_LONG, Completion, Prompt
 from cbr2.retrieval.cases import VIEWS, Query
 from cbr2.retrieval.knowledge import Knowledge
 from cbr2.retrieval.retriever import CASE_MODES, Retrieved, Retriever, check_retrieval_config
@@ -132,16 +133,19 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
     out = output_dir(cfg, bench, retrieval_only, ablation)
     _prepare(cfg, bench, retrieval_only)
     out.mkdir(parents=True, exist_ok=True)
-    if not retrieval_only:
-        check_same_config(out, cfg)
-    write_config(out, cfg)
-    prov = provenance(cfg, bench, out, selection, ablation)
+    # One writer per folder, from the config check to the last file: a second run (the same
+    # command in two terminals, a requeued task whose first incarnation still runs) waits for it.
+    with hold_folder(out, cfg.eval.folder_wait_s):
+        if not retrieval_only:
+            check_same_config(out, cfg)
+        write_config(out, cfg)
+        prov = provenance(cfg, bench, out, selection, ablation)
 
-    retrieval, retrieved = run_retrieval(cfg, bench, questions, out, extra_views=VIEWS if retrieval_only else ())
-    records: list[Prediction] | None = None  # None: a retrieval-only run
-    if not retrieval_only:
-        records = generate_and_score(cfg, bench, questions, build_prompts(cfg, questions, retrieved), out)
-    return finish_run(out, cfg, bench, prov, len(questions), records, retrieval)
+        retrieval, retrieved = run_retrieval(cfg, bench, questions, out, extra_views=VIEWS if retrieval_only else ())
+        records: list[Prediction] | None = None  # None: a retrieval-only run
+        if not retrieval_only:
+            records = generate_and_score(cfg, bench, questions, build_prompts(cfg, questions, retrieved), out)
+        return finish_run(out, cfg, bench, prov, len(questions), records, retrieval)
 
 
 def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Question], prompts: Sequence[Prompt],
@@ -198,7 +202,8 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
                 def on_result(j: int, completion: Completion) -> None:
                     i = todo[j]
                     now = time.perf_counter()
-                    record = score(completion.text, i)
+                    record = (unanswered(questions[i], PROMPT_TOO_LONG, completion.overflow) if completion.overflow
+                              else score(completion.text, i))
                     # Wall time since the previous answer: their sum is the run's generation time,
                     # also for backends that return a whole batch at once.
                     record.update(prompt_hash=hashes[i], generation_key=gen_key,

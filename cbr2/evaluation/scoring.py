@@ -59,6 +59,17 @@ def score_completion(completion: str, question: Question, bench: Benchmark, exec
     return {**record, **clipped_text(completion)}
 
 
+def unanswered(question: Question, kind: str, message: str) -> Prediction:
+    """The record of a question the model was never asked (e.g. ``llm.base.PROMPT_TOO_LONG``).
+
+    Wrong for Hits@1 with its own ``error_kind``; not a syntax error, since no text was generated.
+    """
+    record = question_record(question)
+    record.update(generated="", repairs=[], syntax_error_before_repair=False, syntax_error=False, program=None,
+                  unknown_arguments=None, canonicalized=[], answer=None, values=None, correct=False)
+    return _fail(record, kind, {"kind": kind, "code": kind, "line": None, "message": message})
+
+
 def clipped_text(text: str) -> dict[str, Any]:
     """``generated`` as a record stores it: at most ``MAX_TEXT_CHARS`` characters.
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 
 from cbr2.kopl.functions import get_spec
-from cbr2.kopl.text import ARROW, MAX_TEXT_CHARS, is_quoted, split_top, tokens
+from cbr2.kopl.text import ARROW, MAX_TEXT_CHARS, is_quoted, split_top, strip_arg, tokens
 
 # An ASCII or look-alike arrow. The look-behind lets a run of dashes be tried from its first
 # dash only: without it every dash of a long run would start a new scan of the run, and a text
@@ -124,7 +124,7 @@ def _fix_call(segment: str) -> str:
     if not rest.rstrip().endswith("]") or rest.count("[") > rest.count("]"):
         rest = rest.rstrip() + "]"
     body = rest.strip()[1:-1]
-    args = [_unquote(a.strip()) for a in split_top(body, "|")] if body.strip() else []
+    args = [_unquote(strip_arg(a)) for a in split_top(body, "|")] if body.strip() else []
     return f"{name}[{' | '.join(args)}]"
 
 

@@ -9,7 +9,11 @@ DAG form, one line per branch::
 A line starts with a start function (``Find[...]``, ``FindAll[]``), a reference (``rK``) or
 a tuple of references for a two-input function, followed by ``→``-chained one-input steps.
 Arguments are separated by `` | ``; ``\\``, ``|``, ``[`` and ``]`` inside an argument are
-escaped with a backslash, so every string survives a round trip.
+escaped with a backslash; a control character or line break (which would end the line) is
+written ``\\uXXXX``; whitespace at either end of an argument (which the parser trims) and the
+opening quote of a name that is wholly quoted (a model's slip otherwise) get a backslash. So
+every string a data file may hold survives a round trip; ``unwritable`` names the few that
+cannot be written at all, which the data loaders reject.
 
 Chain form: one step per line in execution order (``Find[X]`` then ``Relate[...]``); the data
 flow is KoPL's post-order convention (see ``Program.branch_stack_dependencies``).
@@ -42,6 +46,10 @@ QUOTE_PAIRS = {'"': '"', "'": "'", "`": "`", "“": "”", "‘": "’"}
 """Quotes a model may wrap an argument in; the text form has none, so they are a slip."""
 
 _ESCAPED = re.compile(r"([\\|\[\]])")
+_CODED = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""Control characters and line breaks (every character ``str.splitlines`` breaks on is one): ``\\uXXXX``."""
+_UNESCAPE = re.compile(r"\\(u[0-9A-Fa-f]{4}|.)", re.DOTALL)
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _CALL = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\[(.*)\]$", re.DOTALL)
 _REF = re.compile(r"^r(\d+)$")
 _TUPLE = re.compile(r"^\(\s*r(\d+)\s*,\s*r(\d+)\s*\)$")
@@ -49,8 +57,29 @@ _LABEL = re.compile(r"^\s*r(\d+)\s*:\s*(.*)$")
 
 
 def escape_arg(value: str) -> str:
-    """Backslash-escape the characters that delimit arguments."""
-    return _ESCAPED.sub(r"\\\1", value)
+    """An argument as the program text writes it (the module docstring gives the escapes)."""
+    text = _CODED.sub(lambda m: f"\\u{ord(m.group()):04x}", _ESCAPED.sub(r"\\\1", value))
+    if is_quoted(text) or text[:1].isspace():
+        text = "\\" + text
+    if text[-1:].isspace() and len(tokens(text)[-1]) == 1:
+        text = text[:-1] + "\\" + text[-1]
+    return text
+
+
+def unwritable(value: str) -> str | None:
+    """Why ``value`` cannot be a program argument, or None when it round-trips through the text.
+
+    Empty (``Find[]`` reads as no argument), longer than ``MAX_ARG_CHARS`` (a syntax error), or
+    holding a lone surrogate (no Unicode text: no file or model can carry it).
+    """
+    if not value:
+        return "is empty (a program cannot name it)"
+    if len(value) > MAX_ARG_CHARS:
+        return f"has {len(value)} characters (a program argument has at most {MAX_ARG_CHARS})"
+    bad = _SURROGATE.search(value)
+    if bad:
+        return f"holds a lone surrogate U+{ord(bad.group()):04X} at character {bad.start()} (not Unicode text)"
+    return None
 
 
 def format_call(step: Step) -> str:
@@ -135,7 +164,18 @@ def split_top(text: str, sep: str) -> list[str]:
 
 
 def _unescape(value: str) -> str:
-    return re.sub(r"\\(.)", r"\1", value)
+    return _UNESCAPE.sub(lambda m: chr(int(m.group(1)[1:], 16)) if len(m.group(1)) == 5 else m.group(1), value)
+
+
+def strip_arg(raw: str) -> str:
+    """A raw (escaped) argument without the unescaped whitespace at its ends (escaped whitespace stays)."""
+    toks = tokens(raw)
+    start, end = 0, len(toks)
+    while start < end and toks[start].isspace():
+        start += 1
+    while end > start and toks[end - 1].isspace():
+        end -= 1
+    return "".join(toks[start:end])
 
 
 def parse_call(segment: str, line: int) -> Step:
@@ -154,17 +194,18 @@ def parse_call(segment: str, line: int) -> Step:
         raise ProgramError(SYNTAX, "unknown_function", f"unknown function {_shown(name)}", line)
     if any(tok in "[]" for tok in tokens(body)):
         raise ProgramError(SYNTAX, "unparsable", f"unbalanced brackets in {_shown(segment)}", line)
-    args = [] if not body.strip() else [_unescape(a.strip()) for a in split_top(body, "|")]
+    raw_args = [] if not body.strip() else [strip_arg(a) for a in split_top(body, "|")]
+    args = [_unescape(a) for a in raw_args]
     if len(args) != len(spec.args):
         expected = " | ".join(a.name for a in spec.args) or "no arguments"
         raise ProgramError(
             SYNTAX, "wrong_argument_count",
             f"{name} takes {len(spec.args)} arguments ({expected}), got {len(args)}", line)
-    for arg in args:
+    for raw, arg in zip(raw_args, args, strict=True):
         if len(arg) > MAX_ARG_CHARS:
             raise ProgramError(SYNTAX, "too_long", f"an argument of {name} has {len(arg)} characters "
                                f"(at most {MAX_ARG_CHARS})", line)
-        if is_quoted(arg):
+        if is_quoted(raw):  # as written: a name that is itself in quotes is written with \" first
             raise ProgramError(SYNTAX, "quoted_argument", f"argument {_shown(arg)} of {name} is quoted", line)
     return Step(name, tuple(args))
 

@@ -57,11 +57,19 @@ class Completion:
         text: The generated text, cut at the first stop string (the stop string excluded).
         prompt_tokens: Tokens the model read, when the backend knows.
         completion_tokens: Tokens it generated, when the backend knows.
+        overflow: Set (saying by how much) when the prompt did not fit the model's context, so
+            nothing was generated: the run records the question as a failure of its own kind
+            (``PROMPT_TOO_LONG``) and goes on.
     """
 
     text: str
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    overflow: str | None = None
+
+
+PROMPT_TOO_LONG = "prompt_too_long"
+"""``error_kind`` of a question whose prompt does not fit the model's context (``Completion.overflow``)."""
 
 
 @runtime_checkable

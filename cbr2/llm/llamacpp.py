@@ -262,7 +262,8 @@ class LlamaCppBackend:
             on_result: Called as ``on_result(index, completion)`` as soon as a prompt is done.
 
         Returns:
-            The completions, with prompt and completion token counts.
+            The completions, with prompt and completion token counts; a prompt longer than the
+            context gets an empty one with ``overflow`` set (the run records it and goes on).
         """
         import llama_cpp
 
@@ -275,8 +276,13 @@ class LlamaCppBackend:
             text = self.render(prompt)
             ids = self.tokenize(text)
             if len(ids) >= self.n_ctx:
-                raise ValueError(f"question {prompt.qid}: its prompt has {len(ids)} tokens, more than the context of "
-                                 f"{self.n_ctx}; raise llm.max_model_len")
+                # One outlier must not stop the run: the question is recorded as unanswered.
+                completion = Completion("", len(ids), 0, overflow=f"the prompt has {len(ids)} tokens, the context "
+                                        f"{self.n_ctx} (llm.max_model_len)")
+                results.append(completion)
+                if on_result is not None:
+                    on_result(i, completion)
+                continue
             seed = int.from_bytes(hashlib.sha256(f"{self.seed}\x00{text}".encode()).digest()[:4], "little") & 0x7FFFFFFF
             llama_cpp.llama_perf_context_reset(llm.ctx)
             self._keep_prefix(self._prefix_ids(prompt, text, ids))

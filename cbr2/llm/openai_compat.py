@@ -10,7 +10,8 @@ numbers of openai 3.57; ``pyproject.toml`` asks for any 1.x or later). What the
 client does not do is done here: a request that fails for good raises ``LLMRequestError`` naming
 the question, the server, the status with the server's own error text, and how many retries
 were spent (when the client numbers them); any other 4xx fails at once, since repeating a bad
-request cannot help.
+request cannot help, except a prompt the server says is over the model's context, which is
+recorded as that question's ``prompt_too_long`` and the run goes on.
 
 The API key comes from the environment variable named by ``llm.api_key_env``, never from the
 config (configs are logged and committed). A local server (``vllm serve`` without
@@ -20,6 +21,7 @@ config (configs are logged and committed). A local server (``vllm serve`` withou
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Any
@@ -39,6 +41,10 @@ PLACEHOLDER_KEY = "EMPTY"
 
 OFFICIAL_HOST = "api.openai.com"
 """OpenAI's own API: it rejects vLLM's ``chat_template_kwargs``, so that is not sent there."""
+
+CONTEXT_REFUSAL = re.compile(r"context (length|window)", re.IGNORECASE)
+"""A 400 whose text says this is a prompt over the model's context (vLLM and OpenAI: "maximum context
+length is", llama.cpp's server: "exceed context window"): recorded as ``Completion.overflow``, not raised."""
 
 RETRY_COUNT_HEADER = "x-stainless-retry-count"
 """The request header in which the ``openai`` client numbers its retries (0 on the first try)."""
@@ -215,6 +221,8 @@ class OpenAIBackend:
         try:
             return self._request(prompt)
         except openai.APIStatusError as e:
+            if e.status_code == 400 and CONTEXT_REFUSAL.search(_server_text(e)):
+                return Completion("", overflow=f"{server}: {_server_text(e)}")
             reason = f"HTTP {e.status_code} from {server}: {_server_text(e)}"
             error: Exception = e
         except openai.APITimeoutError as e:

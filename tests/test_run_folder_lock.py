@@ -1,0 +1,154 @@
+"""One writer per run folder, with real processes: two runs started together, a live holder, a
+killed holder, records that differ only in timing, and the repair of a folder two writers damaged."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cbr2.evaluation.records import read_records, records_by_id
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLD = ["llm.backend=gold", "eval.per_category=null", "wandb.mode=disabled", "generation.constrained=false",
+        "retrieval.cases=none", "retrieval.k_ontology=0", "retrieval.k_facts=0"]
+"""The gold writer over the whole mini-kqapro val split (450 questions), no retrieval: seconds a run."""
+
+HOLDER = """
+import sys, time
+from cbr2.common.locks import hold_folder
+with hold_folder(sys.argv[1], wait_s=0):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def _evaluate(out: Path, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "evaluate.py"), f"output_dir={out}", *GOLD, *overrides],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _hold(folder: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _ids(path: Path) -> list[str]:
+    return [record["id"] for _, record in read_records(path)]
+
+
+@pytest.mark.slow
+def test_two_runs_started_together_leave_one_record_per_question(tmp_path):
+    out = tmp_path / "run"
+    procs = [_evaluate(out) for _ in range(2)]
+    results = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
+    ids = _ids(out / "predictions.jsonl")
+    assert len(ids) == len(set(ids)) == 450
+    # The second one waited for the first (naming it), then found every answer cached.
+    assert sum("is being written by pid" in err for _, err in results) == 1
+    assert [out.split()[:2] for out, _ in results] == [["Hits@1", "1.0000"]] * 2
+    # A third run of the folder reads it back without complaint.
+    third = _evaluate(out)
+    assert third.wait(timeout=600) == 0, third.stderr.read()[-2000:]
+
+
+@pytest.mark.slow
+def test_a_run_refuses_at_once_naming_the_live_holder(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = _hold(out)
+    try:
+        start = time.monotonic()
+        proc = _evaluate(out, "eval.folder_wait_s=0")
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 2
+        assert f"pid {holder.pid} on host {socket.gethostname()}" in err, err[-2000:]
+        assert not (out / "predictions.jsonl").exists()
+        assert time.monotonic() - start < 120
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_killed_holder_blocks_nobody(tmp_path):
+    holder = _hold(tmp_path)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    from cbr2.common.locks import hold_folder
+
+    with hold_folder(tmp_path, wait_s=0):  # at once: the kernel released the dead process's lock
+        held = json.loads((tmp_path / ".lock").read_text())
+        assert held["pid"] == os.getpid() and held["host"] == socket.gethostname()
+    assert (tmp_path / ".lock").read_text() == ""  # a free folder names nobody
+
+
+def test_a_waiting_run_gives_up_after_its_wait_naming_the_holder(tmp_path):
+    from cbr2.common.locks import FolderBusy, hold_folder
+
+    holder = _hold(tmp_path)
+    try:
+        start = time.monotonic()
+        with pytest.raises(FolderBusy, match=rf"pid {holder.pid} on host .* \(waited 1 s"):
+            with hold_folder(tmp_path, wait_s=1.0):
+                pass
+        assert 1.0 <= time.monotonic() - start < 10
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_records_that_differ_only_in_timing_are_one_answer(tmp_path):
+    record = {"id": "q1", "answer": "Paris", "latency_s": 0.5, "fallback": {"fired": True, "latency_s": 1.0}}
+    again = {**record, "latency_s": 0.7, "fallback": {"fired": True, "latency_s": 2.0}}
+    assert records_by_id("p.jsonl", [(1, record), (2, again)]) == {"q1": again}
+    with pytest.raises(Exception, match="lines 1 and 2 both hold id 'q1'.*cbr2.evaluation.repair"):
+        records_by_id("p.jsonl", [(1, record), (2, {**again, "answer": "Warsaw"})])
+
+
+@pytest.mark.slow
+def test_the_repair_command_mends_a_folder_two_writers_damaged(tmp_path):
+    clean = tmp_path / "clean"
+    assert _evaluate(clean).wait(timeout=600) == 0
+    expected = json.loads((clean / "metrics.json").read_text())
+    lines = (clean / "predictions.jsonl").read_text(encoding="utf-8").split("\n")[:-1]
+    # What two writers leave: each question written by both (the second writer's records differ in
+    # timing, some in content), interleaved, and one line cut by the other's write.
+    second = [json.loads(line) for line in lines[:40]]
+    for k, rec in enumerate(second):
+        rec["latency_s"] = 9.0
+        if k % 10 == 0:
+            rec["generated"] += " "
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for name in ("config.yaml", "retrieval.jsonl"):
+        if (clean / name).exists():
+            (damaged / name).write_bytes((clean / name).read_bytes())
+    mixed = lines[:20] + [json.dumps(r) for r in second] + [lines[20][:50]] + lines[20:]
+    (damaged / "predictions.jsonl").write_text("\n".join(mixed) + "\n", encoding="utf-8")
+
+    stuck = _evaluate(damaged)
+    assert stuck.wait(timeout=600) == 2 and "cbr2.evaluation.repair" in stuck.stderr.read()
+
+    fix = subprocess.run([sys.executable, "-m", "cbr2.evaluation.repair", str(damaged)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert fix.returncode == 0, fix.stderr
+    assert "kept 450 records of 491 lines" in fix.stdout and "4 conflicting dropped, 1 damaged" in fix.stdout
+    assert (damaged / "predictions.jsonl.damaged").read_text(encoding="utf-8").count("\n") == 491
+    kept = records_by_id("p", read_records(damaged / "predictions.jsonl"))
+    assert list(kept) == _ids(clean / "predictions.jsonl")  # first records kept, in order
+
+    again = _evaluate(damaged)
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err[-2000:]
+    metrics = json.loads((damaged / "metrics.json").read_text())
+    assert {k: metrics[k] for k in ("hits@1", "ser", "n", "per_category", "errors")} == \
+        {k: expected[k] for k in ("hits@1", "ser", "n", "per_category", "errors")}
