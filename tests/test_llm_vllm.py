@@ -20,10 +20,13 @@ from cbr2.llm import backend_class
 from cbr2.llm import vllm as vllm_backend
 from cbr2.llm.base import Completion, Prompt, cut_at_stop
 from cbr2.llm.vllm import (
+    CPU_KV_TOKENS,
+    CPU_MAX_MODEL_LEN,
     DEFAULT_MODEL,
     MEMORY_HEADROOM,
     MEMORY_SHARE,
     VLLMBackend,
+    cpu_engine_kwargs,
     engine_kwargs,
     memory_share,
     parse_outputs,
@@ -45,9 +48,32 @@ def _output(text, n_prompt, n_out):
                            outputs=[SimpleNamespace(text=text, token_ids=list(range(n_out)))])
 
 
+class FakeEngine:
+    """vLLM's ``LLMEngine`` as ``run_requests`` drives it: requests finish in reverse order, one per step."""
+
+    def __init__(self, llm):
+        self.llm, self.queue = llm, []
+
+    def add_request(self, request_id, prompt, params):
+        if not self.queue:
+            self.llm.calls.append(([], params))
+        self.llm.calls[-1][0].append(prompt)
+        self.queue.append((request_id, prompt))
+
+    def has_unfinished_requests(self):
+        return bool(self.queue)
+
+    def step(self):
+        rid, p = self.queue.pop()
+        # The answer names its prompt, then runs past the stop string as a raw model would.
+        out = _output(f"Find({p.splitlines()[-2]})\n\nJUNK", len(p), 7)
+        out.request_id, out.finished = rid, True
+        return [out]
+
+
 @pytest.fixture
 def fake_vllm(monkeypatch):
-    """A ``vllm`` module whose LLM echoes each prompt's tail and records its calls."""
+    """A ``vllm`` module (GPU platform) whose engine echoes each prompt's tail and records its calls."""
     mod = types.ModuleType("vllm")
     mod.engines = []
 
@@ -59,15 +85,18 @@ def fake_vllm(monkeypatch):
         def __init__(self, **kwargs):
             self.kwargs = kwargs
             self.calls = []
+            self.llm_engine = FakeEngine(self)
             mod.engines.append(self)
 
-        def generate(self, prompts, sampling_params=None, **kwargs):
-            self.calls.append((list(prompts), sampling_params))
-            # The answer names its prompt, then runs past the stop string as a raw model would.
-            return [_output(f"Find({p.splitlines()[-2]})\n\nJUNK", len(p), 7) for p in prompts]
-
     mod.LLM, mod.SamplingParams = LLM, SamplingParams
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = SimpleNamespace(is_cpu=lambda: False)
+    sampling = types.ModuleType("vllm.sampling_params")
+    sampling.RequestOutputKind = SimpleNamespace(FINAL_ONLY="final only")
     monkeypatch.setitem(sys.modules, "vllm", mod)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling)
+    monkeypatch.setattr(vllm_backend, "_gpu_facts", lambda: (1, None, None))
     return mod
 
 
@@ -125,6 +154,37 @@ def test_unset_sizes_come_from_the_allocation():
     assert kw["tensor_parallel_size"] == 1 and kw["gpu_memory_utilization"] == 0.5
 
 
+QWEN25_05B = SimpleNamespace(num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, hidden_size=896,
+                             max_position_embeddings=32768)
+"""The sizes of Qwen2.5-Coder-0.5B's config that the KV cache depends on (head dim 896 / 14 = 64)."""
+
+
+def test_cpu_engine_kwargs():
+    kw = cpu_engine_kwargs(_cfg(), "/models/q", QWEN25_05B)
+    per_token = 2 * 24 * 2 * 64 * 4  # keys and values, fp32
+    assert kw == {"model": "/models/q", "seed": 0, "dtype": "float32", "enable_prefix_caching": True,
+                  "max_model_len": CPU_MAX_MODEL_LEN, "kv_cache_memory_bytes": per_token * CPU_KV_TOKENS,
+                  "enforce_eager": True}
+    # An explicit dtype and context are kept; the KV cache then holds at least one full context.
+    kw = cpu_engine_kwargs(_cfg(dtype="bfloat16", max_model_len=100_000), "/m", QWEN25_05B)
+    assert kw["dtype"] == "bfloat16" and kw["max_model_len"] == 100_000
+    assert kw["kv_cache_memory_bytes"] == 2 * 24 * 2 * 64 * 2 * 100_000
+    # A model with a shorter context than the CPU cap keeps its own.
+    short = SimpleNamespace(**{**vars(QWEN25_05B), "max_position_embeddings": 2048, "head_dim": 32})
+    kw = cpu_engine_kwargs(_cfg(), "/m", short)
+    assert kw["max_model_len"] == 2048 and kw["kv_cache_memory_bytes"] == 2 * 24 * 2 * 32 * 4 * CPU_KV_TOKENS
+
+
+def test_model_names_a_packaged_model_a_folder_or_a_hub_id(tmp_path):
+    packaged = VLLMBackend(_cfg(model="qwen2.5-coder-0.5b"))
+    assert packaged.identity()["model"] == "qwen2.5-coder-0.5b@1d9614638d18" and packaged.uses_chat
+    assert not VLLMBackend(_cfg(model="smollm2-135m")).uses_chat  # registered as plain text
+    assert VLLMBackend(_cfg(model=str(tmp_path))).folder() == str(tmp_path)
+    assert VLLMBackend(_cfg(model="Qwen/Qwen3-0.6B")).folder() == "Qwen/Qwen3-0.6B"
+    with pytest.raises(OSError, match="no model folder"):
+        VLLMBackend(_cfg(model=str(tmp_path / "missing")))
+
+
 def test_sampling_kwargs_greedy_and_sampled():
     greedy = sampling_kwargs(_cfg(max_new_tokens=64, top_p=0.9, stop=["\n\n", "Question:"]))
     assert greedy == {"temperature": 0.0, "top_p": 1.0, "max_tokens": 64, "stop": ["\n\n", "Question:"], "seed": None}
@@ -157,9 +217,10 @@ def test_generate_one_batch_in_order(fake_vllm):
     texts, params = call
     assert texts == [p.text for p in PROMPTS]
     assert params.kwargs == {"temperature": 0.0, "top_p": 1.0, "max_tokens": 32, "stop": ["\n\n", "\nQuestion:"], "seed": None}
+    assert params.output_kind == "final only"  # no partial outputs
     assert [c.text for c in got] == [f"Find(question {i})" for i in range(3)]
     assert all(c.prompt_tokens == len(p.text) and c.completion_tokens == 7 for c, p in zip(got, PROMPTS))
-    assert seen == list(enumerate(got))
+    assert seen == list(reversed(list(enumerate(got))))  # as each request finishes, results in input order
 
     backend.generate(PROMPTS[:1])
     assert len(fake_vllm.engines) == 1 and len(engine.calls) == 2  # the engine is built once
@@ -236,14 +297,11 @@ GRAMMAR = SimpleNamespace(ebnf='root ::= "r1: FindAll[] → Count[]"', max_bytes
 
 
 def test_constrained_generation_sends_the_grammar_and_its_cap(fake_vllm, monkeypatch):
-    sampling = types.ModuleType("vllm.sampling_params")
-
     class StructuredOutputsParams:
         def __init__(self, **kwargs):
             self.kwargs = kwargs
 
-    sampling.StructuredOutputsParams = StructuredOutputsParams
-    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling)
+    sys.modules["vllm.sampling_params"].StructuredOutputsParams = StructuredOutputsParams
     backend = VLLMBackend(_cfg(chat=False, max_new_tokens=32), grammar=GRAMMAR)
     backend.generate(PROMPTS[:1])
     (engine,) = fake_vllm.engines

@@ -26,11 +26,10 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cbr2.llm.base import Completion, Prompt, apply_chat_template, decoding_identity, stop_strings, token_cap
-from cbr2.llm.hf_convert import converted_dir, ensure_converted, is_converted
+from cbr2.llm.hf_convert import converted_dir, is_converted, model_folder, model_source
 from cbr2.llm.hf_decode import Decoder, Row
 from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, gguf_fingerprint, gguf_path
 
@@ -41,12 +40,6 @@ log = logging.getLogger(__name__)
 
 _PREFIX_MIN_TOKENS = 16
 """A shared prefix shorter than this is not worth a cache copy."""
-
-
-def _looks_local(name: str) -> bool:
-    """Whether ``name`` is meant as a folder rather than a hub id (``org/name``)."""
-    path = Path(name).expanduser()
-    return path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1 or path.exists()
 
 
 class HFBackend:
@@ -89,18 +82,7 @@ class HFBackend:
         self.batch_size = max(1, int(cfg.batch_size))
         self.batched = self.batch_size > 1 if batched is None else batched
         configured = str(cfg.model or DEFAULT_MODEL)
-        self.packaged: str | None = None
-        """The packaged short name, when ``llm.model`` is one (its GGUF is converted on first load)."""
-        if configured in PACKAGED:
-            self.packaged = configured
-            self.source = f"{configured}@{PACKAGED[configured].sha256[:12]}"
-        elif _looks_local(configured):
-            path = Path(configured).expanduser().resolve()
-            if not path.is_dir():
-                raise OSError(f"llm.model {configured!r}: no model folder at {path}")
-            self.source = str(path)
-        else:
-            self.source = configured
+        self.packaged, self.source = model_source(configured)
         self._tokenizer: Any = None
         self._model: Any = None
         self._device: str | None = None
@@ -144,9 +126,7 @@ class HFBackend:
 
     def _folder(self) -> str:
         """Where from_pretrained reads: the converted folder for the packaged model."""
-        if self.packaged is not None:
-            return str(ensure_converted(gguf_path(self.packaged)))
-        return self.source
+        return model_folder(self.packaged, self.source)
 
     def tokenizer(self) -> Any:
         """The model's tokenizer, loaded once (never the weights)."""

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cbr2.common.locks import build_lock
-from cbr2.llm.packaged import gguf_fingerprint
+from cbr2.llm.packaged import PACKAGED, gguf_fingerprint, gguf_path
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,43 @@ CONVERSION_FORMAT = 1
 
 MARKER = "cbr2-conversion.json"
 """Written last into a converted folder: a folder without it is never used."""
+
+
+def looks_local(name: str) -> bool:
+    """Whether ``name`` is meant as a folder rather than a hub id (``org/name``)."""
+    path = Path(name).expanduser()
+    return path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1 or path.exists()
+
+
+def model_source(configured: str) -> tuple[str | None, str]:
+    """What ``llm.model`` names, for the backends that read transformers folders (``hf``, ``vllm``).
+
+    Args:
+        configured: A packaged short name, a local folder or a hub id.
+
+    Returns:
+        (the packaged short name or None, the source): ``name@<sha256 prefix>`` for a packaged
+        model (its weights' identity), the absolute path of a folder, or the hub id as given.
+
+    Raises:
+        OSError: When ``configured`` looks like a path but no folder is there.
+    """
+    if configured in PACKAGED:
+        return configured, f"{configured}@{PACKAGED[configured].sha256[:12]}"
+    if looks_local(configured):
+        path = Path(configured).expanduser().resolve()
+        if not path.is_dir():
+            raise OSError(f"llm.model {configured!r}: no model folder at {path}")
+        return None, str(path)
+    return None, configured
+
+
+def model_folder(packaged: str | None, source: str) -> str:
+    """What ``from_pretrained`` (or vLLM) reads: the converted folder of a packaged model
+    (converted now when it is not yet), else ``source`` itself."""
+    if packaged is not None:
+        return str(ensure_converted(gguf_path(packaged)))
+    return source
 
 
 def converted_dir(gguf: str | Path, root: str | Path | None = None) -> Path:

