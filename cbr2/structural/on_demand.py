@@ -52,9 +52,8 @@ def resolve_structural(cfg: DictConfig, bench: Benchmark) -> str:
         root = f" data.root={cfg.data.root}" if cfg.data.root and train_on == cfg.data.name else " data.root=DIR"
         raise ConfigError(f"no structural retriever for {cfg.data.name} in {where}/; train one with "
                          f"`python train.py data.name={train_on}{root}` or set structural.checkpoint=PATH")
-    # Lightning and torch load only when training is needed (evaluate.py must start fast); the
-    # module attribute is looked up at call time, so tests can replace it.
-    from cbr2.structural import train as training
+    # Lightning and torch load only when training is needed (evaluate.py must start fast).
+    from cbr2.structural.train import train
 
     with build_lock(where / f"structural-{train_on}", f"the {train_on} structural retriever"):
         found = find_checkpoint(where, train_on)  # trained by another job while this one waited?
@@ -64,4 +63,4 @@ def resolve_structural(cfg: DictConfig, bench: Benchmark) -> str:
                     cfg.data.name, where, train_on)
         train_cfg = load_config([f"data.name={train_on}", f"structural.checkpoints_dir={where}"],
                                 files=[CONFIG_DIR / "train.yaml"], schema=TrainConfig)
-        return str(training.train(train_cfg)["checkpoint"])
+        return str(train(train_cfg)["checkpoint"])
