@@ -91,7 +91,7 @@ def training_speed(args) -> None:
     import torch
 
     from cbr2.structural.data import PairDataModule
-    from cbr2.structural.module import StructuralRetriever, cosine_mse_loss
+    from cbr2.structural.module import StructuralRetriever
 
     overrides = [f"data.name={args.data}"] + ([f"data.root={args.root}"] if args.root else [])
     cfg = load_config(overrides, files=[CONFIG_DIR / "train.yaml"], schema=TrainConfig)
@@ -100,18 +100,17 @@ def training_speed(args) -> None:
                           pairs_per_epoch=s.pairs_per_epoch, val_pairs=s.val_pairs, holdout=s.holdout,
                           batch_size=s.batch_size, seed=cfg.seed)
     data.setup("fit")
-    module = StructuralRetriever(s.backbone, max_seq_length=s.max_seq_length, lr=s.lr)
+    module = StructuralRetriever(s.backbone, max_seq_length=s.max_seq_length, lr=s.lr, warmup_ratio=s.warmup_ratio)
     optimiser = torch.optim.AdamW(module.parameters(), lr=cfg.structural.lr)
     module.train()
     batches = iter(data.train_dataloader())
 
     def step() -> int:
-        texts_a, texts_b, labels = next(batches)
-        emb = module([*texts_a, *texts_b])  # both sides in one pass, as in training
-        cosine_mse_loss(emb[: len(labels)], emb[len(labels):], labels).backward()
+        batch = next(batches)
+        module.training_step(batch, 0).backward()  # training's own step, outside a Trainer (no logging)
         optimiser.step()
         optimiser.zero_grad()
-        return len(labels)
+        return len(batch[2])
 
     step()  # warm-up, not timed
     start = time.perf_counter()
