@@ -323,10 +323,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         trainer.fit(module, datamodule=dm, ckpt_path=resume)
         if not checkpointing.best_model_path:
             # Fitting stopped before its first validation (trainer.max_steps within the first epoch):
-            # validate the weights there are, which are then the ones exported, logged at the last step.
+            # validate the weights there are, which are then the ones exported; logged as Lightning
+            # logs a validation (float32 values and the epoch) at the last step.
             metrics = _validate_as_is(module, dm, kwargs, out, loggers=False)
+            logged = {k: torch.tensor(v, dtype=torch.float32).item() for k, v in metrics.items()}
             for logger in loggers:
-                logger.log_metrics({**metrics, "epoch": trainer.current_epoch}, step=trainer.global_step)
+                logger.log_metrics({**logged, "epoch": trainer.current_epoch}, step=trainer.global_step)
                 logger.save()
     finally:
         _finish_wandb(loggers)
