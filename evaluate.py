@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         cases = metrics["retrieval"]["cases"]
         hits = "  ".join(f"{view} {m['sketch_hit@5']:.4f}" for view, m in cases.items())
         recall = metrics["retrieval"].get("knowledge", {}).get("recall")
-        print(f"sketch-hit@5 {hits}  knowledge recall {recall if recall is None else f'{recall:.4f}'}  "
+        linking = metrics["retrieval"].get("linking", {})
+        linked = "".join(f"  linking {group} P {m['precision']:.4f} R {m['recall']:.4f}" for group, m in linking.items())
+        print(f"sketch-hit@5 {hits}  knowledge recall {recall if recall is None else f'{recall:.4f}'}{linked}  "
               f"n={metrics['n']}  -> {where}")
     else:
         print(f"Hits@1 {metrics['hits@1']:.4f}  SER {metrics['ser']:.4f}  n={metrics['n']}  -> {where}")

@@ -61,7 +61,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-STAGES = ("parse", "store", "facts", "ontology", "executor", "encode", "index", "canonicalizer", "grammar")
+STAGES = ("parse", "store", "facts", "ontology", "executor", "linking", "encode", "index", "canonicalizer", "grammar")
 DEFAULT_SCALES = (0.125, 0.25, 0.5, 1.0)
 INDEX_KINDS = ("flat", "hnsw", "ivf")
 
@@ -193,6 +193,8 @@ def profile_worker(folder: Path, stages: list[str], sample: int, vectors: str, s
             row["unbounded_seconds"] = time.perf_counter() - start
     if "executor" in stages:
         _executor_stages(stage, kb, folder, state)
+    if "linking" in stages:
+        _linking_stages(stage, kb, folder)
     if {"encode", "index", "canonicalizer"} & set(stages):
         _encoder_stages(stage, state, folder, stages, sample, vectors, seed, kb)
     if "grammar" in stages:
@@ -239,6 +241,27 @@ def _store_stages(stage, kb_path: Path, stages: list[str], state: dict) -> None:
             row["n"] = sum(1 for _ in fact_triples(stored)) + len(ontology_triples(stored))
             row["note"] = "entities unpickled one by one from the entry"
     del stored
+
+
+def _linking_stages(stage, kb, folder: Path) -> None:
+    """Linking (``cbr2.retrieval.linking``): build, then every question, scored against the gold Find
+    arguments and literal values."""
+    from cbr2.data.questions import load_kqapro_questions
+    from cbr2.evaluation.metrics import linking_metrics
+    from cbr2.retrieval.linking import Linker
+
+    questions = load_kqapro_questions(folder / "val.json", "val")
+    with stage("linking build (n-gram table)") as row:
+        linker = Linker(kb)
+        row["n"] = len(linker.entities)
+    with stage("linking, every question") as row:
+        start = time.perf_counter()
+        links = [linker.link(q.question) for q in questions]
+        row["linking_ms"] = 1e3 * (time.perf_counter() - start) / max(1, len(questions))
+        scores = linking_metrics([q.program for q in questions],
+                                 [{"entities": lk.entities, "values": lk.all_values()} for lk in links])
+        row["linking"] = {g: (round(m["precision"], 3), round(m["recall"], 3)) for g, m in scores.items()}
+        row["questions"] = len(questions)
 
 
 def _executor_stages(stage, kb, folder: Path, state: dict) -> None:
@@ -530,6 +553,9 @@ def _note(row: dict) -> str:
         parts.append(f"{row['ebnf_mb']:.2f} MB of EBNF, {row['rules']} rules")
     if "torch_threads" in row:
         parts.append(f"{row['encoder']}, {row['torch_threads']} torch threads")
+    if "linking_ms" in row:
+        parts.append(f"{row['questions']} questions, {row['linking_ms']:.2f} ms per question; precision / recall: "
+                     + ", ".join(f"{g} {p:.3f} / {r:.3f}" for g, (p, r) in row["linking"].items()))
     if "tokenizer_tokens" in row:
         parts.append(f"tokenizer of {row['tokenizer_tokens']:,} tokens")
     if "per_category" in row:

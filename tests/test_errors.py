@@ -97,9 +97,9 @@ def test_another_literal_value_is_grounding():
                    "detail": "step 2 (FilterNum) value: '8000 feet' vs gold '8000 metre'"}
 
 
-def test_flipped_relation_direction_is_logical():
+def test_flipped_relation_direction_is_its_own_class():
     out = classify(record(CAPITAL.replace("forward", "backward"), CAPITAL, category="QueryName"))
-    assert out == {"class": "logical", "reason": "direction_flipped",
+    assert out == {"class": "direction", "reason": "direction_flipped",
                    "detail": "step 2 (Relate) direction: 'backward' vs gold 'forward'"}
 
 
@@ -110,7 +110,7 @@ def test_direction_with_another_relation_is_a_schema_item_not_a_flip():
 
 def test_flip_wins_over_an_argument_difference():
     pred = CAPITAL.replace("forward", "backward").replace("[city]", "[town]")
-    assert classified(record(pred, CAPITAL)) == verdict("logical", "direction_flipped")
+    assert classified(record(pred, CAPITAL)) == verdict("direction", "direction_flipped")
 
 
 @pytest.mark.parametrize("pred, gold", [
@@ -141,6 +141,15 @@ def test_extra_condition_is_logical():
     out = classify(record(pred, CAPITAL))
     assert out["class"] == "logical" and out["reason"] == "condition_extra"
     assert out["detail"].startswith("extra FilterStr: ")
+
+
+def test_another_entity_in_another_shape_is_still_grounding():
+    # Find[Canada] for a question about France: the program is about something else.
+    pred = "r1: Find[Canada] → Relate[capital | forward] → Count[]"
+    out = classify(record(pred, CAPITAL))
+    assert out["class"] == "grounding" and out["reason"] == "entity" and out["detail"].startswith("'Canada'")
+    pred = "r1: FindAll[] → FilterNum[elevation above sea level | 9000 metre | >] → QueryName[]"
+    assert classified(record(pred, HIGH, category="Count")) == verdict("grounding", "value")
 
 
 @pytest.mark.parametrize("pred", [
@@ -182,27 +191,27 @@ def test_analyze_counts_categories_and_caps_examples():
     ]
     out = analyze(records, categories=("Count", "QueryAttr", "QueryName", "Verify"), examples=2)
     assert out["n_wrong"] == 5
-    assert out["classes"] == {"grounding": 3, "logical": 1, "other": 1}
+    assert out["classes"] == {"grounding": 3, "direction": 1, "logical": 0, "other": 1}
     assert out["reasons"] == {"schema_item": 2, "entity": 1, "direction_flipped": 1, "syntax": 1}
     assert list(out["per_category"]) == ["Count", "QueryAttr", "QueryName", "unknown"]
-    assert out["per_category"]["Count"] == {"grounding": 0, "logical": 0, "other": 0}
-    assert out["per_category"]["QueryAttr"] == {"grounding": 2, "logical": 0, "other": 1}
-    assert out["per_category"]["QueryName"] == {"grounding": 0, "logical": 1, "other": 0}
-    assert out["per_category"]["unknown"] == {"grounding": 1, "logical": 0, "other": 0}
+    assert out["per_category"]["Count"] == {"grounding": 0, "direction": 0, "logical": 0, "other": 0}
+    assert out["per_category"]["QueryAttr"] == {"grounding": 2, "direction": 0, "logical": 0, "other": 1}
+    assert out["per_category"]["QueryName"] == {"grounding": 0, "direction": 1, "logical": 0, "other": 0}
+    assert out["per_category"]["unknown"] == {"grounding": 1, "direction": 0, "logical": 0, "other": 0}
     assert [e["id"] for e in out["examples"]["grounding"]] == ["b", "d"]
-    assert [e["id"] for e in out["examples"]["logical"]] == ["c"]
+    assert [e["id"] for e in out["examples"]["direction"]] == ["c"]
     first = out["examples"]["grounding"][0]
     assert first == {"id": "b", "question": "question b?", "category": "QueryAttr", "reason": "schema_item",
                      "detail": "step 2 (QueryAttr) key: 'altitude above sea level' vs gold 'elevation above sea level'",
                      "gold_program": EVEREST, "program": pred_key, "error_kind": "wrong"}
     syntax = out["examples"]["other"][0]
     assert syntax["generated"] == "no idea" and "program" not in syntax
-    assert analyze(records, examples=0)["examples"] == {"grounding": [], "logical": [], "other": []}
+    assert analyze(records, examples=0)["examples"] == {"grounding": [], "direction": [], "logical": [], "other": []}
 
 
 def test_analyze_of_all_correct_records():
     out = analyze([record(EVEREST, EVEREST, correct=True)])
-    assert out["n_wrong"] == 0 and out["reasons"] == {} and out["classes"] == {"grounding": 0, "logical": 0, "other": 0}
+    assert out["n_wrong"] == 0 and out["reasons"] == {} and out["classes"] == {"grounding": 0, "direction": 0, "logical": 0, "other": 0}
 
 
 def test_compute_metrics_carries_the_analysis_and_keeps_its_keys():
@@ -213,7 +222,7 @@ def test_compute_metrics_carries_the_analysis_and_keeps_its_keys():
                             "error_analysis"}
     assert metrics["errors"]["wrong"] == 1 and metrics["hits@1"] == 0.5
     assert metrics["error_analysis"] == analyze(records, ("QueryAttr", "QueryName"))
-    assert metrics["error_analysis"]["classes"]["logical"] == 1
+    assert metrics["error_analysis"]["classes"]["direction"] == 1
 
 
 def test_question_record_carries_the_gold_program():
@@ -238,13 +247,13 @@ def test_report_has_the_error_analysis_section(tmp_path):
     md = path.read_text(encoding="utf-8")
     assert md.index("## Errors") < md.index("## Error analysis")
     section = md[md.index("## Error analysis"):]
-    assert ("4 wrong predictions of 5: **grounding** 1 (25.00%) · **logical** 1 (25.00%) · **other** 2 (50.00%) "
-            "of the wrong ones.") in section
-    assert "| category | grounding | logical | other | wrong |" in section
-    assert "| QueryAttr | 1 | 0 | 2 | 3 |" in section and "| QueryName | 0 | 1 | 0 | 1 |" in section
+    assert ("4 wrong predictions of 5: **grounding** 1 (25.00%) · **direction** 1 (25.00%) · **logical** 0 (0.00%) "
+            "· **other** 2 (50.00%) of the wrong ones.") in section
+    assert "| category | grounding | direction | logical | other | wrong |" in section
+    assert "| QueryAttr | 1 | 0 | 0 | 2 | 3 |" in section and "| QueryName | 0 | 1 | 0 | 0 | 1 |" in section
     assert "Reasons: `schema_item` 1 · `direction_flipped` 1 · `syntax` 1 · `type` 1." in section
     assert [h for h in section.splitlines() if h.startswith("### ")] == [
-        "### Examples: grounding", "### Examples: logical", "### Examples: other"]
+        "### Examples: grounding", "### Examples: direction", "### Examples: other"]
     assert ("**val-2** (QueryAttr) · `schema_item`: step 2 (QueryAttr) key: 'altitude above sea level' vs gold "
             "'elevation above sea level'") in section
     assert f"Gold program:\n\n```\n{CAPITAL}\n```" in section

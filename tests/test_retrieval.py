@@ -272,8 +272,11 @@ def test_retrieval_never_sees_the_gold_programs_or_answers_of_the_evaluated_spli
     assert r_honest == r_tampered, "retrieved cases or triples changed with the gold programs"
     records = [json.loads(line) for line in r_honest.splitlines()]
     assert len(records) == 40 and all(r["facts"] and r["ontology"] and r["cases"] for r in records)
+    # Linking is part of what must not change (retrieval.jsonl holds each question's links).
+    assert sum(bool(r["links"]["entities"] or r["links"].get("values")) for r in records) > 30
     # Non-vacuous: the scores do read the gold programs, after retrieval.
     assert m_honest["retrieval"]["cases"] != m_tampered["retrieval"]["cases"]
+    assert m_honest["retrieval"]["linking"] != m_tampered["retrieval"]["linking"]
 
 
 @pytest.mark.slow

@@ -1,10 +1,14 @@
-"""Error analysis: why a wrong prediction is wrong, in the two classes of the paper's Section 6.5.
+"""Error analysis: why a wrong prediction is wrong, in the classes of the paper's Section 6.5.
 
-* **grounding**: the program's shape is right but it names the wrong thing: an argument
-  outside the KB's schema, another schema item (concept, key, qualifier key, relation),
-  another entity or another literal value than the gold program;
-* **logical**: the reasoning is wrong: a condition dropped or added, a relation followed in
-  the wrong direction, a comparison reversed, or a different multi-hop structure;
+* **grounding**: the program names the wrong thing: an argument outside the KB's schema; with
+  the gold program's shape, another schema item (concept, key, qualifier key, relation), entity
+  or literal value; with another shape, an entity or literal value the gold program does not
+  name anywhere (a program about another entity than the question's is a grounding error even
+  when its steps differ too);
+* **direction**: the right relation followed the wrong way (``forward`` for ``backward``), the
+  paper's second named failure, counted on its own;
+* **logical**: the reasoning is wrong with the right items: a condition dropped or added, a
+  comparison reversed, or a different multi-hop structure;
 * **other**: nothing to compare (no parsed program, no gold program) or a program equal to
   the gold one that still gave a wrong answer.
 
@@ -24,12 +28,13 @@ from cbr2.kopl.program import Program, ProgramError
 from cbr2.kopl.sketch import SCHEMA_KINDS, sketch, sketch_text
 from cbr2.kopl.text import parse_text
 
-CLASSES = ("grounding", "logical", "other")
+CLASSES = ("grounding", "direction", "logical", "other")
 """Error classes, in the order reports list them."""
 
 REASONS = {
     "grounding": ("outside_schema", "schema_item", "entity", "value"),
-    "logical": ("condition_missing", "condition_extra", "direction_flipped", "comparison", "structure"),
+    "direction": ("direction_flipped",),
+    "logical": ("condition_missing", "condition_extra", "comparison", "structure"),
     "other": ("syntax", "type", "no_program", "no_gold", "unparsable", "same_program"),
 }
 """The reasons of each class; ``analyze`` counts them in this order."""
@@ -40,6 +45,23 @@ keeps the program well-formed but loses a constraint of the question."""
 
 COMPARISON_KINDS = ("op", "between_op", "among_op")
 """Closed argument kinds that choose a comparison; ``direction`` is handled on its own."""
+
+LITERAL_KINDS = ("string", "quantity", "year", "date", "any")
+"""Argument kinds of literal values."""
+
+
+def _arguments(program: Program, kinds: Sequence[str]) -> list[str]:
+    out = []
+    for step in program.steps:
+        spec = get_spec(step.function)
+        out += [v for arg, v in zip(spec.args, step.inputs, strict=False) if arg.kind in kinds]
+    return out
+
+
+def _foreign(pred: Program, gold: Program, kinds: Sequence[str]) -> list[str]:
+    """Arguments of ``kinds`` in ``pred`` that ``gold`` has nowhere."""
+    known = set(_arguments(gold, kinds))
+    return list(dict.fromkeys(v for v in _arguments(pred, kinds) if v not in known))
 
 
 def classify(record: Prediction) -> dict[str, str] | None:
@@ -89,6 +111,11 @@ def compare_programs(pred: Program, gold: Program) -> dict[str, str]:
             return _result("logical", "condition_missing", f"missing {_extra_steps(gold_sketch, pred_sketch)}: {shapes}")
         if drops_only_conditions(pred_sketch, gold_sketch):
             return _result("logical", "condition_extra", f"extra {_extra_steps(pred_sketch, gold_sketch)}: {shapes}")
+        # An entity or value the gold program never names: the program is about something else
+        # than the question (a schema item may differ with the shape itself: an extra hop).
+        for reason, kinds in (("entity", ("entity",)), ("value", LITERAL_KINDS)):
+            if foreign := _foreign(pred, gold, kinds):
+                return _result("grounding", reason, f"{', '.join(map(repr, foreign))} not in the gold program: {shapes}")
         return _result("logical", "structure", shapes)
     pairs = list(zip(pred.steps, gold.steps, strict=True))
     rewired = [i for i, (p, g) in enumerate(pairs) if p.dependencies != g.dependencies]
@@ -100,7 +127,7 @@ def compare_programs(pred: Program, gold: Program) -> dict[str, str]:
     flipped = [d for d in diffs if d["kind"] == "direction"
                and pred.steps[d["step"]].inputs[0] == gold.steps[d["step"]].inputs[0]]  # same relation
     if flipped:
-        return _result("logical", "direction_flipped", _describe(flipped))
+        return _result("direction", "direction_flipped", _describe(flipped))
     if comparisons := _of_kinds(diffs, COMPARISON_KINDS):
         return _result("logical", "comparison", _describe(comparisons))
     if schema := _of_kinds(diffs, SCHEMA_KINDS):

@@ -255,6 +255,41 @@ def retrieval_metrics(gold_sketches: Sequence[Sequence[str]], view_sketches: dic
     return out
 
 
+LINKED_KINDS = {"entities": ("entity",), "values": ("quantity", "year", "date", "string", "any")}
+"""The argument kinds whose gold values linking is scored against: ``Find``'s entities, and the
+literal values."""
+
+
+def linking_metrics(gold_programs: Sequence[Any], linked: Sequence[dict[str, Sequence[str]]]) -> dict[str, Any]:
+    """Linking precision and recall against the gold programs' arguments, micro-averaged.
+
+    Args:
+        gold_programs: Per question, its gold ``Program`` (read after linking, to score it).
+        linked: Per question, ``{"entities": [...], "values": [...]}`` as linking found them.
+
+    Returns:
+        Per group (``entities``, ``values``): ``{"precision", "recall", "true", "linked", "gold"}``
+        (counts, so shards merge exactly).
+    """
+    from cbr2.kopl.functions import get_spec
+
+    out = {}
+    for group, kinds in LINKED_KINDS.items():
+        true = n_linked = n_gold = 0
+        for program, found in zip(gold_programs, linked, strict=True):
+            gold = {value for step in program.steps if (spec := get_spec(step.function))
+                    for arg, value in zip(spec.args, step.inputs, strict=False) if arg.kind in kinds}
+            mine = set(found.get(group, ()))
+            true, n_linked, n_gold = true + len(mine & gold), n_linked + len(mine), n_gold + len(gold)
+        out[group] = _link_rates(true, n_linked, n_gold)
+    return out
+
+
+def _link_rates(true: int, linked: int, gold: int) -> dict[str, Any]:
+    return {"precision": true / linked if linked else 0.0, "recall": true / gold if gold else 0.0,
+            "true": true, "linked": linked, "gold": gold}
+
+
 def merge_retrieval(blocks: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The ``retrieval`` block of a whole run from those of its shards.
 
@@ -283,6 +318,10 @@ def merge_retrieval(blocks: Sequence[dict[str, Any]]) -> dict[str, Any]:
             key: (sum(round(b["knowledge"][key] * b["knowledge"]["items"]) for b in blocks) / items if items else 0.0)
             for key in ("recall", "recall_ontology", "recall_facts")}
         merged["knowledge"]["items"] = items
+    if "linking" in blocks[0]:
+        merged["linking"] = {group: _link_rates(*(sum(b["linking"][group][key] for b in blocks)
+                                                  for key in ("true", "linked", "gold")))
+                             for group in blocks[0]["linking"]}
     seconds = [b.get("seconds_per_question") for b in blocks]
     if all(s is not None for s in seconds):
         merged["seconds_per_question"] = sum(s * b["n"] for s, b in zip(seconds, blocks, strict=True)) / max(1, n)

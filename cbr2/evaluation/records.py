@@ -75,8 +75,9 @@ class Prediction(_Judged, total=False):
     The required keys are ``score_generation``'s; the optional ones are added on the way:
     ``generated_chars`` / ``generated_sha256`` for a clipped text, ``values_count`` for clipped
     values (``scoring``); the cache keys ``prompt_hash`` and ``generation_key``, the token
-    counts and ``latency_s`` (the runner); ``single_pass`` and ``fallback`` with
-    ``generation.fallback`` on. Records of older runs may lack some keys; readers use ``.get``
+    counts and ``latency_s`` (the runner); ``grounded`` with grounded decoding (each grounded-kind
+    argument and whether the question's candidates held it, ``cbr2.generation.grounded``);
+    ``single_pass`` and ``fallback`` with ``generation.fallback`` on. Records of older runs may lack some keys; readers use ``.get``
     for those.
     """
 
@@ -88,6 +89,7 @@ class Prediction(_Judged, total=False):
     prompt_tokens: int | None
     completion_tokens: int | None
     latency_s: float | None
+    grounded: list[dict[str, Any]]
     single_pass: dict[str, Any]
     fallback: FallbackInfo
 

@@ -1,5 +1,5 @@
 """``report.md``: the overall line, a per-category table in the layout of the paper's Table 3,
-error counts, the fallback's effect, the error analysis (grounding / logical), generation cost,
+error counts, the fallback's effect, the error analysis (grounding / direction / logical), generation cost,
 retrieval metrics and provenance."""
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from cbr2.evaluation.errors import CLASSES
 from cbr2.evaluation.metrics import ERROR_KINDS
 from cbr2.llm.base import PROMPT_TOO_LONG
 
-CLASS_LEGEND = ("Grounding: the program names a wrong or non-existent schema item, entity or value. "
-                "Logical: a condition dropped or added, a relation direction flipped, a comparison reversed "
+CLASS_LEGEND = ("Grounding: the program names a wrong or non-existent schema item, entity or value (an entity "
+                "or value the gold program lacks counts whatever the program's shape). Direction: the right "
+                "relation followed the wrong way. Logical: a condition dropped or added, a comparison reversed "
                 "or another multi-hop structure. Other: the program cannot be compared with the gold one, "
                 "because it does not parse (syntax) or breaks KoPL's typing rules (type), or the question "
                 "has no gold program, or it is the gold program and only the executed answer differs "
                 "(same_program).")
-"""What the three classes of the error analysis mean (the paper's Section 6.5)."""
+"""What the four classes of the error analysis mean (the paper's Section 6.5)."""
 
 EXAMPLE_CHARS = 1500
 """Longest program or generated text an error example shows; raw generations can be long."""
@@ -198,6 +199,10 @@ def render_retrieval(block: dict[str, Any]) -> list[str]:
                   f"retrieved triples): {pct(kn['recall'])}% (ontology {pct(kn['recall_ontology'])}%, "
                   f"facts {pct(kn['recall_facts'])}%).")
         lines += ["", recall]
+    for i, (group, m) in enumerate(block.get("linking", {}).items()):
+        lines += [""] if i == 0 else []
+        lines.append(f"Linking, {group} (against the gold programs' {m['gold']} arguments): precision "
+                     f"{pct(m['precision'])}%, recall {pct(m['recall'])}% ({m['linked']} linked).")
     return lines
 
 

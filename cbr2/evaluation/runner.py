@@ -25,7 +25,7 @@ from cbr2.common.errors import UserError
 from cbr2.config import canonical_ablation
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.questions import Question
-from cbr2.evaluation.metrics import retrieval_metrics
+from cbr2.evaluation.metrics import linking_metrics, retrieval_metrics
 from cbr2.evaluation.records import Prediction, append_record
 from cbr2.evaluation.run_folder import (
     check_same_config,
@@ -41,10 +41,11 @@ from cbr2.evaluation.selection import resolve_shard, select_questions, shard_of
 from cbr2.generation.canonicalize import Canonicalizer, build_canonicalizer
 from cbr2.generation.fallback import build_correction, corrected, first_pass, is_pending
 from cbr2.generation.grammar import build_grammar
+from cbr2.generation.grounded import grounded_arguments, slot_candidates
 from cbr2.generation.prompt import PromptBuilder, prompt_hash
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.sketch import schema_items, sketch
-from cbr2.kopl.text import FORMATS
+from cbr2.kopl.text import FORMATS, parse_text
 from cbr2.llm import backend_class, make_backend
 from cbr2.llm.base import PROMPT_TOO_LONG, Completion, Prompt
 from cbr2.retrieval.cases import VIEWS, Query
@@ -78,10 +79,15 @@ def build_prompts(cfg: DictConfig, questions: Sequence[Question], retrieved: dic
     """
     builder = PromptBuilder(cfg.prompt.format, cfg.prompt.case_triples)
     empty = Retrieved(Query("", ""), Knowledge(), [])
+    ground = cfg.generation.grounded and cfg.generation.constrained
     prompts = []
     for q in questions:
         item = retrieved.get(q.qid, empty)
-        prompts.append(builder.build(Query(q.qid, q.question), item.knowledge, item.cases, item.case_knowledge))
+        grounding = ()
+        if ground and item.links is not None:
+            grounding = tuple(slot_candidates(item.links, q.question).items())
+        prompts.append(builder.build(Query(q.qid, q.question), item.knowledge, item.cases, item.case_knowledge,
+                                     item.links, item.case_links or None, grounding))
     return prompts
 
 
@@ -204,6 +210,8 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
                     now = time.perf_counter()
                     record = (unanswered(questions[i], PROMPT_TOO_LONG, completion.overflow) if completion.overflow
                               else score(completion.text, i))
+                    if prompts[i].grounding:
+                        record["grounded"] = _grounded(record, prompts[i])
                     # Wall time since the previous answer: their sum is the run's generation time,
                     # also for backends that return a whole batch at once.
                     record.update(prompt_hash=hashes[i], generation_key=gen_key,
@@ -222,6 +230,17 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
             _correct(cfg, bench, canonicalize, backend, [(i, prompts[i], done[questions[i].qid]) for i in pending],
                      score, write)
     return [done[q.qid] for q in questions]
+
+
+def _grounded(record: Prediction, prompt: Prompt) -> list[dict]:
+    """Which of the program's grounded-kind arguments came from the question's candidates."""
+    program = None
+    if record.get("program"):
+        try:
+            program = parse_text(record["program"], "dag")
+        except ValueError:
+            program = None
+    return grounded_arguments(program, dict(prompt.grounding))
 
 
 def _correct(cfg: DictConfig, bench: Benchmark, canonicalize: Any, backend: Any,
@@ -301,6 +320,10 @@ def run_retrieval(cfg: DictConfig, bench: Benchmark, questions: list[Question], 
         ontology_terms=[{t for tr in item.knowledge.ontology for t in tr.terms} for item in retrieved],
         fact_terms=[{t for tr in item.knowledge.facts for t in tr.terms} for item in retrieved],
     )
+    if retriever.linker is not None:
+        block["linking"] = linking_metrics([q.program for q in questions],
+                                           [{"entities": item.links.entities, "values": item.links.all_values()}
+                                            for item in retrieved])
     block["seconds_per_question"] = seconds / max(1, len(questions))
     block["encoders"] = {view: name for view, (name, _) in retriever.encoders.items()}
     return block, {item.query.qid: item for item in retrieved}

@@ -10,6 +10,11 @@ A prompt has four parts, in this order:
    program in the configured text form;
 4. the target question with its retrieved knowledge and the ``Program:`` slot.
 
+With linking (``retrieval.link``), each question (a case's and the target's) is followed by what
+it names itself: its KB entities, concepts and literal values (``cbr2.retrieval.linking``), so
+the model can tell the question's own items from the retrieved context, and a case shows how
+its question's items became its program's arguments.
+
 Parts 1-2 are identical for every question of a run (``Prompt.system``), which lets the
 backends reuse their computation across prompts; parts 3-4 are ``Prompt.user``.
 
@@ -39,8 +44,9 @@ from cbr2.llm.base import Prompt
 if TYPE_CHECKING:  # annotations only: the retrieval modules load faiss, the prompt needs none of it
     from cbr2.retrieval.cases import Case, Query
     from cbr2.retrieval.knowledge import Knowledge
+    from cbr2.retrieval.linking import Links
 
-PROMPT_VERSION = "cbr2-prompt-1"
+PROMPT_VERSION = "cbr2-prompt-2"
 """Bump on any change to what a prompt says or how it is laid out."""
 
 PROGRAM_SLOT = "Program:"
@@ -128,9 +134,21 @@ def knowledge_text(knowledge: Knowledge, limit: int | None = None) -> str:
     return "\n".join(lines)
 
 
-def _block(question: str, knowledge: Knowledge, limit: int | None) -> str:
-    known = knowledge_text(knowledge, limit)
-    return f"Question: {question}\n" + (f"{known}\n" if known else "") + PROGRAM_SLOT
+def links_text(links: Links | None) -> str:
+    """The question's own entities, concepts and values, one line each; empty ones left out."""
+    if links is None:
+        return ""
+    lines = []
+    for title, items in (("Entities in the question", links.entities), ("Concepts in the question", links.concepts),
+                         ("Values in the question", links.all_values())):
+        if items:
+            lines.append(f"{title}: " + "; ".join(items))
+    return "\n".join(lines)
+
+
+def _block(question: str, knowledge: Knowledge, limit: int | None, links: Links | None = None) -> str:
+    parts = [f"Question: {question}", links_text(links), knowledge_text(knowledge, limit), PROGRAM_SLOT]
+    return "\n".join(p for p in parts if p)
 
 
 class PromptBuilder:
@@ -148,7 +166,9 @@ class PromptBuilder:
         self.system = system_text(fmt)
 
     def build(self, query: Query, knowledge: Knowledge, cases: Sequence[Case],
-              case_knowledge: Sequence[Knowledge]) -> Prompt:
+              case_knowledge: Sequence[Knowledge], links: Links | None = None,
+              case_links: Sequence[Links | None] | None = None,
+              grounding: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> Prompt:
         """The prompt of one question.
 
         Args:
@@ -156,19 +176,27 @@ class PromptBuilder:
             knowledge: Its retrieved triples.
             cases: Its retrieved cases, most relevant first.
             case_knowledge: The triples retrieved for each case's question, aligned with ``cases``.
+            links: What the target question names (None: linking off).
+            case_links: What each case's question names, aligned with ``cases``.
+            grounding: Grounded decoding's candidates (``Prompt.grounding``).
         """
+        case_links = case_links if case_links is not None else [None] * len(cases)
         # The most relevant case goes last, next to the question: few-shot models copy the
         # nearest example most.
-        examples = [f"{_block(c.question.question, k, self.case_triples)}\n{to_text(c.question.program, self.fmt)}"
-                    for c, k in reversed(list(zip(cases, case_knowledge, strict=True)))]
-        target = _block(query.text, knowledge, None)
+        examples = [f"{_block(c.question.question, k, self.case_triples, cl)}\n{to_text(c.question.program, self.fmt)}"
+                    for c, k, cl in reversed(list(zip(cases, case_knowledge, case_links, strict=True)))]
+        target = _block(query.text, knowledge, None, links)
         user = "\n\n".join([*examples, target]) + "\n"
-        return Prompt(query.qid, self.system, user)
+        return Prompt(query.qid, self.system, user, grounding)
 
 
 def prompt_hash(prompt: Prompt) -> str:
-    """SHA-256 of what the prompt says (both parts), the predictions cache's first key."""
-    return hashlib.sha256(f"{prompt.system}\x00{prompt.user}".encode()).hexdigest()
+    """SHA-256 of what the prompt says (both parts) and of its grounded-decoding candidates,
+    the predictions cache's first key."""
+    text = f"{prompt.system}\x00{prompt.user}"
+    if prompt.grounding:
+        text += "\x00" + json.dumps(prompt.grounding, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 _FENCE_LANGUAGE = re.compile(r"[A-Za-z]*")

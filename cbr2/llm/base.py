@@ -32,11 +32,15 @@ class Prompt:
             backend's KV cache).
         user: The cases with their knowledge, the target question with its knowledge, and
             the closing ``Program:`` slot.
+        grounding: ``(argument kind, candidates)`` pairs of grounded decoding
+            (``cbr2.generation.grounded``, ``generation.grounded``): the values the question's
+            arguments may take; empty when off. Backends without it ignore it.
     """
 
     qid: str
     system: str
     user: str
+    grounding: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def text(self) -> str:

@@ -78,13 +78,15 @@ class _GrammarMask:
     next one; the matcher is fed the generated tokens it has not seen yet.
     """
 
-    def __init__(self, compiled: Any, n_prompt: int, n_vocab: int):
+    def __init__(self, compiled: Any, n_prompt: int, n_vocab: int, grounded: Any = None):
         import xgrammar as xgr
 
         self.matcher = xgr.GrammarMatcher(compiled)
         self.bitmask = xgr.allocate_token_bitmask(1, n_vocab)
         self.n_prompt = n_prompt
         self.fed = 0
+        self.grounded = grounded
+        """The question's ``GroundedMask`` (``generation.grounded``), applied after the grammar's."""
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import numpy as np
@@ -99,6 +101,8 @@ class _GrammarMask:
         # The bitmask is int32 words, bit i of word w allowing token 32 w + i (padded past the vocabulary).
         allowed = np.unpackbits(self.bitmask.numpy().view(np.uint8), bitorder="little")[: len(scores)]
         scores[allowed == 0] = -np.inf
+        if self.grounded is not None:
+            scores = self.grounded(generated, scores)
         return scores
 
 
@@ -131,6 +135,7 @@ class LlamaCppBackend:
         self._vocab: Any = None
         self._llm: Any = None
         self._compiled: Any = None
+        self._tokens: Any = None
         self.last_perf: dict[str, float] = {}
         """llama.cpp's own timings of the last prompt: prefill and decode milliseconds and tokens."""
 
@@ -199,12 +204,13 @@ class LlamaCppBackend:
     # --- the model -----------------------------------------------------------------------------
 
     def model(self) -> Any:
-        """The llama.cpp model, loaded on first use with every CPU this process may run on."""
+        """The llama.cpp model, loaded on first use with the CPUs this process may run on that
+        other jobs leave idle (``idle_threads``)."""
         if self._llm is None:
-            threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            threads = idle_threads()
             start = time.perf_counter()
-            self._llm = self._llama(n_ctx=self.n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512, flash_attn=True,
-                                    seed=self.seed)
+            self._llm = self._llama(n_ctx=self.n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                                    flash_attn=True, seed=self.seed)
             self._vocab = None
             log.info("loaded llm %s (llama.cpp, %d threads, context %d) in %.1f s", self.source, threads, self.n_ctx,
                      time.perf_counter() - start)
@@ -238,8 +244,9 @@ class LlamaCppBackend:
         # generate() drops the KV cache past the tokens kept here before it reads the rest.
         llm.n_tokens = len(prefix)
 
-    def _grammar_processor(self, n_prompt: int) -> Any:
-        """A fresh logits processor list for one output under the grammar, or None without one."""
+    def _grammar_processor(self, n_prompt: int, prompt: Prompt) -> Any:
+        """A fresh logits processor list for one output under the grammar (with the prompt's
+        grounded layer when it carries one), or None without a grammar."""
         if self.grammar is None:
             return None
         from llama_cpp import LogitsProcessorList
@@ -247,7 +254,30 @@ class LlamaCppBackend:
         llm = self._llm
         if self._compiled is None:
             self._compiled = _compile(self.grammar, llm)
-        return LogitsProcessorList([_GrammarMask(self._compiled, n_prompt, llm.n_vocab())])
+        grounded = None
+        if prompt.grounding:
+            from cbr2.generation.grounded import GroundedMask
+
+            grounded = GroundedMask(self._token_table(), dict(prompt.grounding), self._detokenize)
+        return LogitsProcessorList([_GrammarMask(self._compiled, n_prompt, llm.n_vocab(), grounded)])
+
+    def _detokenize(self, ids: Sequence[int]) -> str:
+        return self._llm.detokenize([int(i) for i in ids]).decode("utf-8", errors="replace")
+
+    def _token_table(self) -> Any:
+        """The vocabulary's token texts for grounded decoding (built once; partial UTF-8 tokens left out)."""
+        if self._tokens is None:
+            from cbr2.generation.grounded import TokenTable
+
+            llm = self._llm
+            texts = []
+            for i in range(llm.n_vocab()):
+                try:
+                    texts.append(llm.detokenize([i]).decode("utf-8"))
+                except UnicodeDecodeError:
+                    texts.append(None)
+            self._tokens = TokenTable(texts)
+        return self._tokens
 
     def generate(self, prompts: Sequence[Prompt],
                  on_result: Callable[[int, Completion], None] | None = None) -> list[Completion]:
@@ -289,7 +319,7 @@ class LlamaCppBackend:
             out = llm.create_completion(ids, max_tokens=min(self.max_new_tokens, self.n_ctx - len(ids)),
                                         temperature=self.temperature, top_p=self.top_p, top_k=0, min_p=0.0,
                                         repeat_penalty=1.0, stop=self.stop or None, seed=seed,
-                                        logits_processor=self._grammar_processor(len(ids)))
+                                        logits_processor=self._grammar_processor(len(ids), prompt))
             perf = llama_cpp.llama_perf_context(llm.ctx)
             self.last_perf = {"prefill_ms": perf.t_p_eval_ms, "prefill_tokens": perf.n_p_eval,
                               "decode_ms": perf.t_eval_ms, "decode_tokens": perf.n_eval}
@@ -303,6 +333,23 @@ class LlamaCppBackend:
         log.info("generated %d completions in %.1f s (%.1f s per prompt)", len(prompts), elapsed,
                  elapsed / len(prompts))
         return results
+
+
+def idle_threads() -> int:
+    """Threads for llama.cpp: the CPUs this process may run on, less those other jobs keep busy
+    (the 1-minute load average less this process's own one), at least one.
+
+    llama.cpp's threads wait for each other at every step of every layer; on a core another job
+    also runs, a thread waits for a partner the scheduler has set aside. On the 2-core machine
+    at a load of 12, one thread answered three questions in 23.5, 21.2 s where two took 60.5,
+    53.2 s (the same texts); on an idle machine every CPU is used, as before.
+    """
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        busy = max(0.0, os.getloadavg()[0] - 1.0)  # this process has been busy retrieving
+    except OSError:  # not every platform has one
+        busy = 0.0
+    return max(1, min(cpus, int(cpus - busy + 0.5)))
 
 
 def _render_chat(template: str, prompt: Prompt, special: dict[str, str]) -> str:

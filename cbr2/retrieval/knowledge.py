@@ -2,6 +2,13 @@
 
 The two kinds are indexed and searched separately (the paper's Section 4.1), so schema
 constraints are never crowded out by the far more numerous facts.
+
+With linking (``retrieval.link``), the facts of the question's own entities come first: the
+facts with a linked entity as subject or object, ranked by the same embedding similarity, then
+the nearest facts of the whole KB fill the rest of the K_f. A fact about the question's entity
+shows the relation and which side of it that entity is on (``Australia | capital | Canberra``
+for "the country whose capital is Canberra"); a fact of an unrelated entity mostly invites the
+model to copy that entity.
 """
 
 from __future__ import annotations
@@ -57,14 +64,35 @@ class KnowledgeRetriever:
         self.ontology: list[Triple] = ontology_triples(kb) if k_ontology > 0 else []
         self.facts: list[Triple] = list(fact_triples(kb)) if k_facts > 0 else []
         self._indexes = {}
+        self._fact_embeddings: np.ndarray | None = None
         for label, triples in (("ontology", self.ontology), ("facts", self.facts)):
             if triples:
-                _, index = store.get(label, [t.text for t in triples], encoder, fingerprint,
-                                     embedder(len(triples)), index_kind)
+                embeddings, index = store.get(label, [t.text for t in triples], encoder, fingerprint,
+                                              embedder(len(triples)), index_kind)
                 self._indexes[label] = to_device(index, device)
+                if label == "facts":
+                    self._fact_embeddings = embeddings
+        # Entity name → its facts (as subject or as the object of a relation), built on first use.
+        self._facts_of: dict[str, list[int]] | None = None
 
-    def retrieve(self, query_embeddings: np.ndarray) -> list[Knowledge]:
-        """Knowledge for each question embedding (rows of ``query_embeddings``)."""
+    def facts_of(self, name: str) -> list[int]:
+        """Indices of the fact triples with ``name`` as subject or object."""
+        if self._facts_of is None:
+            by_name: dict[str, list[int]] = {}
+            for i, t in enumerate(self.facts):
+                by_name.setdefault(t.subject, []).append(i)
+                if t.object != t.subject and ("relation", t.predicate) in t.terms:
+                    by_name.setdefault(t.object, []).append(i)
+            self._facts_of = by_name
+        return self._facts_of.get(name, [])
+
+    def retrieve(self, query_embeddings: np.ndarray, linked: list[tuple[str, ...]] | None = None) -> list[Knowledge]:
+        """Knowledge for each question embedding (rows of ``query_embeddings``).
+
+        Args:
+            query_embeddings: One row per question.
+            linked: The entities each question names (``Links.entities``); their facts come first.
+        """
         found = {}
         for label, triples, k in (("ontology", self.ontology, self.k_ontology), ("facts", self.facts, self.k_facts)):
             if label in self._indexes:
@@ -72,4 +100,18 @@ class KnowledgeRetriever:
                 found[label] = [tuple(triples[i] for i in row if i >= 0) for row in ids]
             else:
                 found[label] = [()] * len(query_embeddings)
+        if linked is not None and self._fact_embeddings is not None:
+            found["facts"] = [self._linked_first(q, names, nearest)
+                              for q, names, nearest in zip(query_embeddings, linked, found["facts"], strict=True)]
         return [Knowledge(ont, facts) for ont, facts in zip(found["ontology"], found["facts"], strict=True)]
+
+    def _linked_first(self, query: np.ndarray, names: tuple[str, ...], nearest: tuple[Triple, ...]) -> tuple[Triple, ...]:
+        """The K_f facts: the linked entities' facts nearest the question, then ``nearest``."""
+        ids = sorted({i for name in names for i in self.facts_of(name)})
+        if not ids:
+            return nearest
+        scores = self._fact_embeddings[ids] @ query
+        order = [ids[j] for j in np.argsort(-scores, kind="stable")[: self.k_facts]]
+        chosen = [self.facts[i] for i in order]
+        chosen += [t for t in nearest if t not in chosen]
+        return tuple(chosen[: self.k_facts])

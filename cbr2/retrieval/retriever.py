@@ -21,6 +21,7 @@ from cbr2.retrieval.cases import VIEWS, Case, CaseRetriever, Query, Ranking
 from cbr2.retrieval.encoders import encode, load_encoder, pick_device, weights_fingerprint
 from cbr2.retrieval.index import INDEX_KINDS
 from cbr2.retrieval.knowledge import Knowledge, KnowledgeRetriever
+from cbr2.retrieval.linking import Linker, Links
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class Retrieved:
         case_knowledge: The triples retrieved for each case's own question, aligned with
             ``cases`` (the prompt shows each case with its knowledge).
         rankings: Per computed view, pool indices with scores, at least ``METRIC_DEPTH`` deep.
+        links: What the question names (``retrieval.link``; None when off).
+        case_links: What each case's question names, aligned with ``cases`` (empty when off).
     """
 
     query: Query
@@ -55,11 +58,14 @@ class Retrieved:
     cases: list[Case]
     case_knowledge: list[Knowledge] = field(default_factory=list)
     rankings: dict[str, Ranking] = field(default_factory=dict)
+    links: Links | None = None
+    case_links: list[Links] = field(default_factory=list)
 
     def to_record(self) -> dict:
         """One line of ``retrieval.jsonl``."""
         return {
             "id": self.query.qid,
+            **({"links": self.links.to_record()} if self.links is not None else {}),
             "ontology": [t.text for t in self.knowledge.ontology],
             "facts": [t.text for t in self.knowledge.facts],
             "cases": [{"id": c.question.qid, "views": list(c.views), "scores": list(c.scores),
@@ -121,6 +127,8 @@ class Retriever:
         self.cases = CaseRetriever(self.pool, store, case_encoders, cfg.index, device, cfg.batch_size, cfg.seed)
         self._case_knowledge: dict[int, Knowledge] = {}
         self._pool_embeddings: np.ndarray | None = None
+        self.linker = Linker(bench.kb) if cfg.link else None
+        self._case_links: dict[str, Links] = {}
 
     def _k(self, view: str) -> int:
         if view == "random":  # the random_case ablation keeps the prompt's number of cases
@@ -137,16 +145,26 @@ class Retriever:
         # depend on which other questions are evaluated with it (eval.limit, shards).
         embeddings = {view: encode(model, [q.text for q in queries], 1, progress=False)
                       for view, (_, model) in self.encoders.items()}
-        knowledge = (self.knowledge.retrieve(embeddings["semantic"]) if self.knowledge
-                     else [Knowledge()] * len(queries))
+        links = [self.linker.link(q.text) for q in queries] if self.linker else None
+        knowledge = (self.knowledge.retrieve(embeddings["semantic"], [l.entities for l in links] if links else None)
+                     if self.knowledge else [Knowledge()] * len(queries))
         rankings = {view: self.cases.rank(view, queries, self._depth(view), embeddings.get(view)) for view in self.views}
         out = []
         for i, query in enumerate(queries):
             mine = {view: rankings[view][i] for view in self.views}
             cases = self.cases.merge({view: mine[view][: self._k(view)] for view in self.case_views})
-            out.append(Retrieved(query, knowledge[i], cases, rankings=mine))
+            item = Retrieved(query, knowledge[i], cases, rankings=mine, links=links[i] if links else None)
+            if self.linker:
+                item.case_links = [self._link_case(c.question) for c in cases]
+            out.append(item)
         self._add_case_knowledge(out)
         return out
+
+    def _link_case(self, question) -> Links:
+        """A pool question's links (memoised): its text only, like the target's."""
+        if question.qid not in self._case_links:
+            self._case_links[question.qid] = self.linker.link(question.question)
+        return self._case_links[question.qid]
 
     def _pool_semantic(self) -> np.ndarray:
         """The pool's questions in the knowledge encoder's space, loaded once.
@@ -172,7 +190,8 @@ class Retriever:
         position = {q.qid: i for i, q in enumerate(self.pool)}
         missing = sorted({position[c.question.qid] for item in items for c in item.cases} - self._case_knowledge.keys())
         if missing:
-            found = self.knowledge.retrieve(np.ascontiguousarray(self._pool_semantic()[missing]))
+            linked = [self._link_case(self.pool[i]).entities for i in missing] if self.linker else None
+            found = self.knowledge.retrieve(np.ascontiguousarray(self._pool_semantic()[missing]), linked)
             self._case_knowledge.update(zip(missing, found, strict=True))
         for item in items:
             item.case_knowledge = [self._case_knowledge[position[c.question.qid]] for c in item.cases]

@@ -1,0 +1,209 @@
+"""Grounded decoding: ``Find`` arguments and literal values drawn from what the question mentions.
+
+The KB grammar (``cbr2.generation.grammar``) makes every output a well-typed program over the
+KB's vocabulary, compiled once per KB. It cannot know the question: a small model under it
+still writes ``Find[Canada]`` for "the country whose capital is Canberra", copying an entity of
+a retrieved case. This module is a per-question layer over that grammar, applied token by token
+together with the grammar's mask (the ``llamacpp`` backend):
+
+- while the model writes an argument of a grounded kind, the tokens allowed are those that
+  continue one of the question's candidates for that kind (``slot_candidates``), or end the
+  argument once a candidate is complete;
+- a kind without candidates is left to the grammar alone (the fallback when linking found
+  nothing), and so is a step where no candidate's continuation survives the grammar's mask.
+
+Candidates per kind (``slot_candidates``): ``entity`` the linked entities (``Find``); ``quantity``,
+``year`` and ``date`` the values linking read off the question (a date slot also takes its
+years); ``string`` any run of the question's words (string values are quoted from the question;
+a KB value list would make a linking miss unrecoverable); ``any`` all of these.
+
+The candidates are recorded with the prompt (``Prompt.grounding``), so the predictions cache
+keys on them, and each prediction records which of its arguments were grounded
+(``grounded_arguments``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from cbr2.kopl.functions import get_spec
+from cbr2.kopl.program import Program
+from cbr2.retrieval.linking import Links, question_spans
+
+GROUNDED_KINDS = ("entity", "quantity", "year", "date", "string", "any")
+"""Argument kinds whose values come from the question."""
+
+_CALL = re.compile(r"([A-Za-z]+)\[([^\[\]]*)$")
+
+MAX_TOKEN_CHARS = 24
+"""Longest token text looked up when extending a candidate (longer tokens are rare in names)."""
+
+
+def slot_candidates(links: Links, question: str) -> dict[str, tuple[str, ...]]:
+    """The candidates of each grounded kind for one question; kinds without any are left out."""
+    values = links.values
+    spans = tuple(question_spans(question))
+    found = {
+        "entity": links.entities,
+        "quantity": values.get("quantity", ()),
+        "year": values.get("year", ()),
+        "date": tuple(dict.fromkeys((*values.get("date", ()), *values.get("year", ())))),
+        "string": spans,
+        "any": tuple(dict.fromkeys((*values.get("quantity", ()), *values.get("date", ()), *values.get("year", ()),
+                                    *spans))),
+    }
+    return {kind: items for kind, items in found.items() if items}
+
+
+def current_slot(text: str) -> tuple[str, str] | None:
+    """``(argument kind, argument text so far)`` when ``text`` ends inside an argument, else None."""
+    m = _CALL.search(text)
+    if m is None:
+        return None
+    spec = get_spec(m.group(1))
+    if spec is None:
+        return None
+    parts = m.group(2).split(" | ")
+    if len(parts) > len(spec.args):
+        return None
+    return spec.args[len(parts) - 1].kind, parts[-1]
+
+
+def next_kind(text: str) -> str | None:
+    """The kind of the argument that follows when ``text`` ends with an argument separator's " |"."""
+    m = _CALL.search(text)
+    if m is None or not text.endswith(" |"):
+        return None
+    spec = get_spec(m.group(1))
+    done = len(m.group(2).split(" | "))
+    return spec.args[done].kind if spec is not None and done < len(spec.args) else None
+
+
+class TokenTable:
+    """A vocabulary's token texts, indexed for continuing candidate strings.
+
+    Args:
+        texts: The text of each token id (None or "" for tokens that are not whole characters:
+            special tokens, partial UTF-8 bytes).
+    """
+
+    def __init__(self, texts: Sequence[str | None]):
+        self.size = len(texts)
+        self.texts = list(texts)
+        self.by_text: dict[str, list[int]] = defaultdict(list)
+        ends, bars, openers = [], [], []
+        for i, text in enumerate(texts):
+            if not text:
+                continue
+            self.by_text[text].append(i)
+            if "[" in text or "|" in text:
+                openers.append(i)
+            head = text.lstrip(" ")
+            if head[:1] in ("]", "|"):
+                ends.append(i)
+            if text[:1] == "|":
+                bars.append(i)
+        self.ends, self.bars = ends, bars
+        self.openers = openers
+        """Tokens that may open an argument themselves (``[Net``, ``| 19``)."""
+
+    def entering(self, opener: str, candidates: Sequence[str]) -> list[int]:
+        """Token ids that write ``opener`` (or a start of it), or ``opener`` and a start of a candidate."""
+        ids = [i for n in range(1, len(opener) + 1) for i in self.by_text.get(opener[:n], ())]
+        for cand in candidates:
+            for n in range(1, min(len(cand), MAX_TOKEN_CHARS) + 1):
+                ids += self.by_text.get(opener + cand[:n], ())
+        return ids
+
+    def allowed(self, partial: str, candidates: Sequence[str]) -> list[int] | None:
+        """Token ids that continue ``partial`` towards a candidate or close a complete one; None
+        when ``partial`` is not on the way to any candidate (the grammar alone decides)."""
+        ids: list[int] = []
+        on_way = False
+        for cand in candidates:
+            if not cand.startswith(partial):
+                continue
+            on_way = True
+            rest = cand[len(partial):]
+            for n in range(1, min(len(rest), MAX_TOKEN_CHARS) + 1):
+                ids += self.by_text.get(rest[:n], ())
+            if not rest:
+                ids += self.ends
+        if on_way:
+            return ids
+        if partial.endswith(" ") and partial.rstrip(" ") in candidates:
+            return list(self.bars)  # "name |": the separator goes on
+        return None
+
+
+class GroundedMask:
+    """The per-question layer: applied to logits after the grammar's mask.
+
+    Args:
+        table: The vocabulary's ``TokenTable``.
+        candidates: ``slot_candidates`` of the question.
+        detokenize: Token ids → text (the generated part so far).
+    """
+
+    def __init__(self, table: TokenTable, candidates: dict[str, Sequence[str]], detokenize: Any):
+        import numpy as np
+
+        self.table, self.candidates, self.detokenize = table, candidates, detokenize
+        self._openers = np.asarray(table.openers, dtype=np.int64)
+
+    def __call__(self, generated: Sequence[int], scores: Any) -> Any:
+        # The last call is never far back; a bounded tail keeps each step's cost flat.
+        text = self.detokenize(generated)[-240:]
+        kind = next_kind(text)
+        if kind is not None:  # "key |": the next token writes " " and maybe the start of the value
+            return self._keep(scores, self.table.entering(" ", self.candidates[kind])) if kind in self.candidates else scores
+        slot = current_slot(text)
+        if slot is not None and slot[0] in self.candidates:
+            return self._keep(scores, self.table.allowed(slot[1], self.candidates[slot[0]]))
+        return self._block_openers(text, scores)
+
+    def _keep(self, scores: Any, ids: list[int] | None) -> Any:
+        """Only ``ids`` stay, if any of them survives the grammar; otherwise the grammar alone decides."""
+        import numpy as np
+
+        if not ids:
+            return scores
+        keep = np.zeros(len(scores), dtype=bool)
+        keep[[i for i in ids if i < len(scores)]] = True
+        if np.isfinite(scores[keep]).any():
+            scores[~keep] = -np.inf
+        return scores
+
+    def _block_openers(self, text: str, scores: Any) -> Any:
+        """Forbid a token that opens a grounded argument and starts it off every candidate (``Find`` +
+        ``[Net`` when the question names Louis Pasteur): tokenizers merge brackets with what follows."""
+        import numpy as np
+
+        openers = self._openers[self._openers < len(scores)]
+        for i in openers[np.isfinite(scores[openers])]:
+            slot = current_slot(text + self.table.texts[i])
+            if slot is None or slot[0] not in self.candidates or not slot[1]:
+                continue
+            if self.table.allowed(slot[1], self.candidates[slot[0]]) is None:
+                scores[i] = -np.inf
+        return scores
+
+
+def grounded_arguments(program: Program | None, candidates: dict[str, Sequence[str]]) -> list[dict]:
+    """Each argument of a grounded kind in ``program``: its value and whether the question's
+    candidates held it (``linked``), for the prediction record."""
+    if program is None:
+        return []
+    out = []
+    for step in program.steps:
+        spec = get_spec(step.function)
+        if spec is None:
+            continue
+        for arg, value in zip(spec.args, step.inputs, strict=False):
+            if arg.kind in GROUNDED_KINDS:
+                out.append({"function": spec.name, "kind": arg.kind, "value": value,
+                            "linked": value in candidates.get(arg.kind, ())})
+    return out

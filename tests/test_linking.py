@@ -1,0 +1,143 @@
+"""Linking (cbr2.retrieval.linking) and grounded decoding (cbr2.generation.grounded)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cbr2.data.benchmarks import Benchmark
+from cbr2.evaluation.metrics import linking_metrics
+from cbr2.generation.grounded import GroundedMask, TokenTable, current_slot, grounded_arguments, slot_candidates
+from cbr2.kb.model import KB
+from cbr2.kopl.text import parse_text
+from cbr2.retrieval.linking import Linker, Links, question_spans
+
+
+def _kb() -> KB:
+    concepts = {"c1": {"name": "river", "subclassOf": []}, "c2": {"name": "country", "subclassOf": []},
+                "c3": {"name": "city", "subclassOf": []}}
+    ents = {
+        "e1": {"name": "Paris", "instanceOf": ["c3"], "attributes": [], "relations": []},
+        "e2": {"name": "Paris, Texas", "instanceOf": ["c3"], "attributes": [], "relations": []},
+        "e3": {"name": "Texas", "instanceOf": [], "attributes": [], "relations": []},
+        "e4": {"name": "Inception", "instanceOf": [], "attributes": [], "relations": []},
+        "e5": {"name": "Switzerland", "instanceOf": ["c2"], "relations": [],
+               "attributes": [{"key": "area", "value": {"type": "quantity", "value": "41285", "unit": "square kilometre"},
+                               "qualifiers": {}},
+                              {"key": "nominal GDP", "value": {"type": "quantity", "value": "9", "unit": "United States dollar"},
+                               "qualifiers": {}},
+                              {"key": "language family", "value": {"type": "string", "value": "Niger-Congo"},
+                               "qualifiers": {}}]},
+        "e6": {"name": "United States dollar", "instanceOf": [], "attributes": [], "relations": []},
+    }
+    return KB(concepts, ents)
+
+
+def test_entities_casing_nesting_and_values():
+    linker = Linker(_kb())
+    links = linker.link("Which rivers of Switzerland are longer than 1,200 square kilometre, unlike Paris, Texas?")
+    assert links.entities == ("Switzerland", "Paris, Texas")  # the longest of nested matches
+    assert links.concepts == ("river",)  # plural
+    assert links.values["quantity"] == ("1200 square kilometre",)
+    # Lower case inside a cased question is not a name ("inception" the attribute, not the film).
+    assert linker.link("Which city has an inception after 1912?").entities == ()
+    assert linker.link("Which city has an inception after 1912?").values["year"] == ("1912",)
+    # A unit is part of the value, not an entity.
+    assert linker.link("Which film cost 5 United States dollar?").entities == ()
+
+
+def test_dates_strings_and_brackets():
+    linker = Linker(_kb())
+    links = linker.link('Who was born before 1 January 1980 and speaks a Niger-Congo language called "Zulu"?')
+    assert links.values["date"] == ("1980-01-01",)
+    assert links.values["string"] == ("Niger-Congo", "Zulu")
+    assert "1" not in links.values["quantity"]  # numbers inside a date are not quantities
+    # MetaQA: the bracketed topic, case-insensitively; nothing else.
+    assert linker.link("what films were shot in [paris, texas] near texas").entities == ("Paris, Texas",)
+
+
+def test_question_spans():
+    spans = question_spans("Is Niger-Congo big?", max_words=2)
+    assert "Niger-Congo" in spans and "Is Niger" in spans and "big" in spans
+    assert all(not s.endswith("?") for s in spans)
+
+
+def test_linking_metrics_count_find_and_literals():
+    gold = [parse_text("r1: Find[Switzerland] → QueryAttr[area] → VerifyNum[10 square kilometre | >]")]
+    out = linking_metrics(gold, [{"entities": ["Switzerland", "Texas"], "values": ["10 square kilometre"]}])
+    assert out["entities"] == {"precision": 0.5, "recall": 1.0, "true": 1, "linked": 2, "gold": 1}
+    assert out["values"]["recall"] == 1.0
+
+
+def test_linking_on_the_embedded_validation_split():
+    bench = Benchmark("mini-kqapro")
+    questions = bench.questions("val")
+    linker = Linker(bench.kb)
+    links = [linker.link(q.question) for q in questions]
+    m = linking_metrics([q.program for q in questions],
+                        [{"entities": lk.entities, "values": lk.all_values()} for lk in links])
+    assert m["entities"]["recall"] > 0.95 and m["entities"]["precision"] > 0.9
+    assert m["values"]["recall"] > 0.95 and m["values"]["precision"] > 0.8
+
+
+def test_current_slot():
+    assert current_slot("r1: Find[Swi") == ("entity", "Swi")
+    assert current_slot("r1: FindAll[] → FilterNum[area | 12") == ("quantity", "12")
+    assert current_slot("r1: Find[Spain] → QueryAttr[area]") is None
+    assert current_slot("r1: Find[Spain] → Relate[") == ("relation", "")
+
+
+def _table() -> TokenTable:
+    texts = ["Sw", "itzerland", "Switz", "erland", "]", " |", "Canada", "S", "x", "|", None, "] →"]
+    return TokenTable(texts)
+
+
+def test_allowed_tokens_continue_a_candidate_or_close_it():
+    table = _table()
+    assert set(table.allowed("", ["Switzerland"])) == {0, 2, 7}
+    assert set(table.allowed("Sw", ["Switzerland"])) == {1}
+    assert set(table.allowed("Switzerland", ["Switzerland"])) == {4, 5, 9, 11}  # "]", " |", "|", "] →"
+    assert table.allowed("Canad", ["Switzerland"]) is None  # off every candidate: the grammar decides
+
+
+def test_mask_applies_only_where_a_candidate_survives_the_grammar():
+    table = _table()
+    text = {(): "r1: Find[", (7,): "r1: Find[S"}
+    mask = GroundedMask(table, {"entity": ("Switzerland",)}, lambda ids: text[tuple(ids)])
+    scores = np.zeros(table.size)
+    out = mask((), scores.copy())
+    assert set(np.flatnonzero(np.isfinite(out))) == {0, 2, 7}
+    # The grammar forbade every candidate token: the layer leaves the scores as they were.
+    blocked = np.zeros(table.size)
+    blocked[[0, 2, 7]] = -np.inf
+    assert np.array_equal(mask((), blocked.copy()), blocked)
+    # No candidates for the kind: untouched.
+    assert np.isfinite(GroundedMask(table, {}, lambda ids: "r1: Find[")((), scores.copy())).all()
+
+
+def test_slot_candidates_and_record():
+    links = Links(("Spain",), (), {"quantity": ("3715 metre",), "year": ("2019",), "date": (), "string": ()})
+    cands = slot_candidates(links, "Is the volcano of Spain 3715 metre high in 2019?")
+    assert cands["entity"] == ("Spain",) and cands["date"] == ("2019",) and "volcano" in cands["string"]
+    program = parse_text("r1: Find[Canada] → QueryAttr[elevation above sea level] → VerifyNum[3715 metre | =]")
+    recorded = grounded_arguments(program, cands)
+    assert recorded == [{"function": "Find", "kind": "entity", "value": "Canada", "linked": False},
+                        {"function": "VerifyNum", "kind": "quantity", "value": "3715 metre", "linked": True}]
+
+
+@pytest.mark.parametrize("question", ["", "?", "1"])
+def test_degenerate_questions(question):
+    assert isinstance(Linker(_kb()).link(question), Links)
+
+
+def test_tokens_that_open_an_argument_are_grounded_too():
+    # "[Can" opens Find's argument and starts it off the candidates; "[Sw" starts it on them.
+    texts = ["Sw", "itzerland", "[Can", "[Sw", " 1", " 2", " ", "]", "All"]
+    table = TokenTable(texts)
+    mask = GroundedMask(table, {"entity": ("Switzerland",), "year": ("1913",)},
+                        lambda ids: {(): "r1: Find", (0,): "r1: FindAll[] → FilterYear[inception |"}[tuple(ids)])
+    out = mask((), np.zeros(table.size))
+    assert np.isinf(out[2]) and np.isfinite(out[[3, 8]]).all()
+    # After "key |" the value's first token may carry the space: only " " and " 1" (of 1913) stay.
+    out = mask((0,), np.zeros(table.size))
+    assert set(np.flatnonzero(np.isfinite(out))) == {4, 6}
