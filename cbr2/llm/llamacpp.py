@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cbr2.common.console import did_you_mean
+from cbr2.common.cpus import idle_threads
 from cbr2.common.errors import ConfigError
 from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, stop_strings, token_cap
 from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, gguf_fingerprint, gguf_path
@@ -333,23 +333,6 @@ class LlamaCppBackend:
         log.info("generated %d completions in %.1f s (%.1f s per prompt)", len(prompts), elapsed,
                  elapsed / len(prompts))
         return results
-
-
-def idle_threads() -> int:
-    """Threads for llama.cpp: the CPUs this process may run on, less those other jobs keep busy
-    (the 1-minute load average less this process's own one), at least one.
-
-    llama.cpp's threads wait for each other at every step of every layer; on a core another job
-    also runs, a thread waits for a partner the scheduler has set aside. On the 2-core machine
-    at a load of 12, one thread answered three questions in 23.5, 21.2 s where two took 60.5,
-    53.2 s (the same texts); on an idle machine every CPU is used, as before.
-    """
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        busy = max(0.0, os.getloadavg()[0] - 1.0)  # this process has been busy retrieving
-    except OSError:  # not every platform has one
-        busy = 0.0
-    return max(1, min(cpus, int(cpus - busy + 0.5)))
 
 
 def _render_chat(template: str, prompt: Prompt, special: dict[str, str]) -> str:

@@ -18,6 +18,7 @@ import hashlib
 import inspect
 import json
 import logging
+import os
 import re
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cbr2.cluster import slurm
 from cbr2.common.console import progress, route_library_loggers
+from cbr2.common.cpus import idle_threads
 from cbr2.config import ConfigError, git_hash
 from cbr2.evaluation.tracking import announce, wandb_mode
 from cbr2.structural.checkpoints import export_checkpoint
@@ -283,6 +285,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         ValueError: On data that cannot make training and validation pairs.
     """
     started = time.perf_counter()
+    if not torch.cuda.is_available():
+        # Fewer torch threads where other jobs keep CPUs busy (cbr2.common.cpus); never more than set.
+        threads = idle_threads()
+        if threads < torch.get_num_threads():
+            log.info("training on %d CPU thread(s) of %d: other jobs keep the rest busy (load %.1f)", threads,
+                     torch.get_num_threads(), os.getloadavg()[0])
+            torch.set_num_threads(threads)
     L.seed_everything(cfg.seed, workers=True)
     rid = run_id(cfg)
     out = Path(cfg.output_dir) if cfg.output_dir else Path("outputs") / "train" / cfg.data.name / rid
