@@ -47,8 +47,8 @@ evaluate: install
 	$(PY) evaluate.py $(ARGS)
 
 # The fast tier: unit tests on tiny fixtures and honest fakes. The other tiers are pyproject.toml's
-# markers: slow (real models, whole pipelines), slurm (a private Slurm), fuzz, gpu.
-FAST := not slow and not slurm and not fuzz and not gpu
+# markers: slow (real models, whole pipelines), slurm (a private Slurm), fuzz, gpu, vllm.
+FAST := not slow and not slurm and not fuzz and not gpu and not vllm
 
 test: install
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "$(FAST)" $(PYTEST_ARGS)
