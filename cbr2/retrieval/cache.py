@@ -34,7 +34,7 @@ import faiss
 import numpy as np
 
 from cbr2.common.console import progress
-from cbr2.common.files import file_sha256, remove_path
+from cbr2.common.files import file_sha256, remove_path, write_atomic
 from cbr2.common.locks import build_lock
 from cbr2.retrieval.index import build_index
 
@@ -78,12 +78,6 @@ def _checked(embeddings: np.ndarray, n: int) -> np.ndarray:
     return embeddings
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _write_part(folder: Path, number: int, start: int, block: np.ndarray) -> None:
     """``part-NNNNN.npy``, then its ``.json`` record (the mark that the part is complete)."""
     part = folder / f"part-{number:05d}"
@@ -93,7 +87,7 @@ def _write_part(folder: Path, number: int, start: int, block: np.ndarray) -> Non
     os.replace(tmp, part.with_suffix(".npy"))
     record = {"start": start, "rows": int(block.shape[0]), "dim": int(block.shape[1]),
               "sha256": file_sha256(part.with_suffix(".npy"))}
-    _write_atomic(part.with_suffix(".json"), json.dumps(record) + "\n")
+    write_atomic(part.with_suffix(".json"), json.dumps(record) + "\n")
 
 
 def _read_part(part: Path, start: int, rows: int, dim: int | None) -> np.ndarray:
@@ -174,7 +168,7 @@ class EmbeddingStore:
         else:
             remove_path(folder)
             folder.mkdir(parents=True)
-            _write_atomic(folder / "meta.json", json.dumps(manifest, indent=2) + "\n")
+            write_atomic(folder / "meta.json", json.dumps(manifest, indent=2) + "\n")
         with progress(total=n, initial=done, unit="text", desc=f"encoding {label}", logger=log) as bar:
             for start in range(done, n, size):
                 block = _checked(embed(texts[start: start + size]), min(size, n - start))
