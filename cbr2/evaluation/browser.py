@@ -35,7 +35,7 @@ from cbr2.common.console import setup_logging
 from cbr2.common.files import write_atomic
 from cbr2.evaluation.errors import CLASSES, classify
 from cbr2.evaluation.metrics import ERROR_KINDS
-from cbr2.evaluation.records import read_records
+from cbr2.evaluation.records import read_records, utf8_json
 
 log = logging.getLogger(__name__)
 
@@ -238,11 +238,7 @@ def embed_json(data: Any) -> str:
     """JSON safe inside ``<script type="application/json">``: no ``<``, ``>`` or ``&`` survive as
     such (``</script>``, ``<!--`` cannot end or confuse the block); ``JSON.parse`` reads it back
     unchanged. A lone surrogate (generated text may hold one) is written as a ``\\u`` escape."""
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = json.dumps(data, ensure_ascii=True, separators=(",", ":"))
+    text = utf8_json(data, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 

@@ -94,19 +94,24 @@ class Prediction(_Judged, total=False):
     fallback: FallbackInfo
 
 
-def record_line(record: Record) -> str:
-    """The JSONL line of ``record``, without its newline.
+def utf8_json(value: Any, **options: Any) -> str:
+    """``json.dumps(value, **options)`` that UTF-8 can always encode.
 
-    Non-ASCII text is written as is (readable files), except in a record that cannot be
-    encoded as UTF-8 (a lone surrogate such as ``'\\ud800'`` in generated text): that record is
-    written with ASCII escapes, which ``json.loads`` reads back to the identical string.
+    Non-ASCII text is written as is (readable files), except in a value that cannot be encoded
+    as UTF-8 (a lone surrogate such as ``'\\ud800'`` in generated text): that value is written
+    with ASCII escapes, which ``json.loads`` reads back to the identical string.
     """
-    line = json.dumps(record, ensure_ascii=False)
+    text = json.dumps(value, ensure_ascii=False, **options)
     try:
-        line.encode("utf-8")
+        text.encode("utf-8")
     except UnicodeEncodeError:
-        line = json.dumps(record, ensure_ascii=True)
-    return line
+        text = json.dumps(value, ensure_ascii=True, **options)
+    return text
+
+
+def record_line(record: Record) -> str:
+    """The JSONL line of ``record``, without its newline (``utf8_json``)."""
+    return utf8_json(record)
 
 
 def append_record(handle: TextIO, record: Record) -> None:
