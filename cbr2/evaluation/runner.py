@@ -20,8 +20,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from cbr2.common.console import progress
-from cbr2.common.locks import hold_folder
 from cbr2.common.errors import UserError
+from cbr2.common.locks import hold_folder
 from cbr2.config import canonical_ablation
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.questions import Question
