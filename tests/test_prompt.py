@@ -167,3 +167,22 @@ def test_the_correction_prompt_extends_the_original_with_the_failure():
     assert added[-1] == PROGRAM_SLOT and fixed.user.endswith("\n")
     bare = correction_prompt(original, "", "empty", [])
     assert "(nothing)" in bare.user and "closest" not in bare.user and prompt_hash(bare) != prompt_hash(fixed)
+
+
+def test_linked_items_follow_each_question_and_the_candidates_key_the_hash(train):
+    from cbr2.retrieval.linking import Links
+
+    cases = [Case(train[0], ("semantic",), (0.9,))]
+    target = Links(("Canberra",), ("country",), {"quantity": ("3715 metre",), "year": (), "date": (), "string": ()})
+    case = Links(("Spain",), (), {})
+    grounding = (("entity", ("Canberra",)),)
+    prompt = PromptBuilder("dag", 3).build(Query("q1", "Which country has Canberra as capital?"), _knowledge("T"),
+                                           cases, [_knowledge("A")], target, [case], grounding)
+    assert ("Question: Which country has Canberra as capital?\nEntities in the question: Canberra\n"
+            "Concepts in the question: country\nValues in the question: 3715 metre\nOntology:") in prompt.user
+    assert f"{train[0].question}\nEntities in the question: Spain\nOntology:" in prompt.user
+    assert prompt.grounding == grounding
+    # The same text with other candidates is another cache entry.
+    from cbr2.llm.base import Prompt
+
+    assert prompt_hash(prompt) != prompt_hash(Prompt(prompt.qid, prompt.system, prompt.user))
