@@ -141,3 +141,13 @@ def test_tokens_that_open_an_argument_are_grounded_too():
     # After "key |" the value's first token may carry the space: only " " and " 1" (of 1913) stay.
     out = mask((0,), np.zeros(table.size))
     assert set(np.flatnonzero(np.isfinite(out))) == {4, 6}
+
+
+def test_linking_counts_merge_across_shards():
+    from cbr2.evaluation.metrics import merge_retrieval
+
+    gold = [parse_text("r1: Find[Switzerland] → QueryName[]"), parse_text("r1: Find[Spain] → QueryName[]")]
+    found = [{"entities": ["Switzerland"], "values": []}, {"entities": ["Spain", "Texas"], "values": []}]
+    blocks = [{"n": 1, "cases": {}, "encoders": {}, "linking": linking_metrics(gold[i:i + 1], found[i:i + 1])}
+              for i in range(2)]
+    assert merge_retrieval(blocks)["linking"] == linking_metrics(gold, found)
