@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     # Logs go to stderr, so --show-prompt's stdout is the prompt and nothing else.
     setup_logging()
     try:
-        cfg = config_from_args(args, "evaluate.yaml", Config)
+        cfg = config_from_args(args, Config)
         if args.show_prompt is not None:
             sys.stdout.write(show_prompt(cfg, args.show_prompt))
             return 0

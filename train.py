@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)  # options may come between overrides
     setup_logging()
     try:
-        cfg = config_from_args(args, "train.yaml", TrainConfig)
+        cfg = config_from_args(args, TrainConfig)
         result = train(cfg)
     except UserError as err:  # the user's to fix: one line; anything else is a bug and shows its traceback
         print(f"error: {err}", file=sys.stderr)

@@ -1,24 +1,25 @@
 """How ``cbr2.config`` reads and merges configuration layers, checks what the schema's types
 cannot, and words what fails.
 
-Private: import from ``cbr2.config`` (the public module re-exports ``ConfigError``, ``RANGES``
-and ``validate``; ``load_config`` calls ``merge_layers``). Where each key's valid values are
-declared, once:
+Private: import from ``cbr2.config`` (the public module re-exports ``ConfigError`` and
+``validate``; ``load_config`` calls ``merge_layers``). Every key's valid values are declared
+once, on its field in ``cbr2.config``:
 
-* a closed vocabulary (``prompt.format``, ``retrieval.cases``, ``retrieval.index``,
-  ``eval.executor``, ``structural.label``, ``wandb.mode``) is the ``Literal`` type of its field in
-  ``cbr2.config``: OmegaConf rejects any other value as it merges, and ``choice_problem`` words it;
+* a closed vocabulary (``prompt.format``, ``retrieval.cases``, ``llm.dtype`` ...) is the
+  ``Literal`` type of its field: OmegaConf rejects any other value as it merges, and
+  ``choice_problem`` words it;
+* a number's range is its field's ``bounded(default, low, high)``, read by ``ranges``;
 * a name of a registry the code extends (``data.name``, ``llm.backend``) is checked here against
-  that registry (``REGISTERED``), imported when checked;
-* numbers are in ``RANGES``; ``data.split`` depends on ``data.name`` (``validate``).
+  that registry (``REGISTERED``), imported when checked; ``data.split`` depends on ``data.name``.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 import typing
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,24 +32,17 @@ from cbr2.common.errors import ConfigError
 
 # ------------------------------------------------------------------------------------ choices
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-"""Values of ``llm.dtype`` (a closed vocabulary kept here: ``LLMConfig`` declares the field as ``str``)."""
-
-REGISTERED: dict[str, str | tuple[str, ...]] = {
+REGISTERED: dict[str, str] = {
     "data.name": "cbr2.data.benchmarks:BENCHMARKS",
     "llm.backend": "cbr2.llm:BACKENDS",
-    "llm.dtype": DTYPES,
 }
 """Keys whose value is a name of a registry of the code (``module:NAME``, imported when checked:
-those modules import ``cbr2.config``'s neighbours), or of a tuple given here."""
+those modules import ``cbr2.config``'s neighbours)."""
 
 
 def registered(key: str) -> Any:
-    """The registry (or tuple) of a ``REGISTERED`` key: its names are the valid values."""
-    where = REGISTERED[key]
-    if isinstance(where, tuple):
-        return where
-    module, name = where.split(":")
+    """The registry of a ``REGISTERED`` key: its names are the valid values."""
+    module, name = REGISTERED[key].split(":")
     return getattr(importlib.import_module(module), name)
 
 
@@ -59,23 +53,6 @@ def literal_values(schema: Any, name: str) -> tuple[Any, ...] | None:
     except (NameError, TypeError):
         return None
     return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
-
-
-def choices(schema: type, prefix: str = "") -> dict[str, tuple[Any, ...]]:
-    """Every key of ``schema`` with a fixed set of values, and the set (``Literal`` fields, then
-    the ``REGISTERED`` keys the schema has)."""
-    out: dict[str, tuple[Any, ...]] = {}
-    hints = typing.get_type_hints(schema)
-    for f in fields(schema):
-        hint = hints[f.name]
-        if is_dataclass(hint):
-            out.update(choices(hint, f"{prefix}{f.name}."))
-        elif typing.get_origin(hint) is Literal:
-            out[f"{prefix}{f.name}"] = typing.get_args(hint)
-    if not prefix:
-        keys = set(_valid_keys(OmegaConf.structured(schema)))
-        out.update({k: tuple(registered(k)) for k in REGISTERED if k in keys})
-    return out
 
 
 def unknown_choice(key: str, value: Any, allowed: typing.Iterable[Any]) -> str:
@@ -93,10 +70,10 @@ def choice_problem(err: OmegaConfBaseException) -> str | None:
     return unknown_choice(getattr(err, "full_key", None) or name, getattr(err, "value", None), allowed)
 
 
-# ------------------------------------------------------------------------------------- ranges
+# ----------------------------------------------------------------------------- ranges
 
 @dataclass(frozen=True)
-class _Range:
+class Range:
     """Numbers a key accepts (null is for the schema's type to allow: it then means the default)."""
 
     low: float | None = None
@@ -120,46 +97,33 @@ class _Range:
         return text + (f" ({self.why})" if self.why else "")
 
 
-_COUNT, _ANY_COUNT, _POSITIVE, _SHARE = _Range(1), _Range(0), _Range(0, open_low=True), _Range(0, 1)
-RANGES: dict[str, _Range] = {
-    "llm.max_new_tokens": _COUNT,
-    "llm.temperature": _Range(0, why="0 is greedy decoding"),
-    "llm.top_p": _Range(0, 1, open_low=True),
-    "llm.batch_size": _COUNT,
-    "llm.tensor_parallel_size": _COUNT,
-    "llm.gpu_memory_utilization": _Range(0, 1, open_low=True),
-    "llm.max_model_len": _COUNT,
-    "llm.concurrency": _COUNT,
-    "llm.timeout_s": _POSITIVE,
-    "llm.max_retries": _ANY_COUNT,
-    "prompt.case_triples": _ANY_COUNT,
-    "generation.max_lines": _COUNT,
-    "generation.max_calls_per_line": _COUNT,
-    "generation.max_literal_chars": _COUNT,
-    "generation.closed_entities": _ANY_COUNT,
-    "generation.canonicalize_threshold": _SHARE,
-    "eval.limit": _Range(1, why="0 would evaluate no question; null evaluates all of them"),
-    "eval.per_category": _Range(1, why="null takes the whole split"),
-    "eval.skip_per_category": _ANY_COUNT,
-    "eval.timeout_s": _Range(0, open_low=True, why="seconds per program; 0 or less would fail every program"),
-    "eval.num_shards": _COUNT,
-    "eval.shard": _ANY_COUNT,
-    "eval.folder_wait_s": _Range(0, why="seconds; 0 refuses at once"),
-    "retrieval.batch_size": _COUNT,
-    "retrieval.k_ontology": _ANY_COUNT,
-    "retrieval.k_facts": _ANY_COUNT,
-    "retrieval.k_semantic": _ANY_COUNT,
-    "retrieval.k_structural": _ANY_COUNT,
-    "structural.label_bins": _COUNT,
-    "structural.pairs_per_epoch": _COUNT,
-    "structural.val_pairs": _COUNT,
-    "structural.holdout": _Range(0, 1, open_low=True, open_high=True),
-    "structural.batch_size": _COUNT,
-    "structural.lr": _POSITIVE,
-    "structural.warmup_ratio": _SHARE,
-    "structural.max_seq_length": _COUNT,
-}
-"""Numeric keys and the values they accept; keys a schema does not have are skipped."""
+def bounded(default: Any, low: float | None = None, high: float | None = None, *, open_low: bool = False,
+            open_high: bool = False, why: str = "") -> Any:
+    """A schema field with its default and the numbers it accepts (``Range``; null, where the
+    field's type allows it, is not checked: it means the documented fallback).
+
+    Args:
+        default: The field's default.
+        low: The least value (None: no lower bound).
+        high: The largest value (None: no upper bound).
+        open_low: ``low`` itself is excluded.
+        open_high: ``high`` itself is excluded.
+        why: Added to the message of a rejected value.
+    """
+    return field(default=default, metadata={"range": Range(low, high, open_low, open_high, why)})
+
+
+@functools.cache
+def ranges(schema: type, prefix: str = "") -> dict[str, Range]:
+    """Every key of ``schema`` declared with ``bounded``, and the numbers it accepts."""
+    out: dict[str, Range] = {}
+    hints = typing.get_type_hints(schema)
+    for f in fields(schema):
+        if is_dataclass(hints[f.name]):
+            out.update(ranges(hints[f.name], f"{prefix}{f.name}."))
+        elif "range" in f.metadata:
+            out[f"{prefix}{f.name}"] = f.metadata["range"]
+    return out
 
 
 # ----------------------------------------------------------------------------------- validate
@@ -191,7 +155,8 @@ def problems(cfg: DictConfig) -> list[str]:
         if split not in family.splits:
             found.append(f"data.split={split!r} is not a {family.name} split; expected one of "
                          f"{', '.join(family.splits)} (null: {family.eval_split})")
-    for key, allowed in RANGES.items():
+    schema = OmegaConf.get_type(cfg)
+    for key, allowed in (ranges(schema) if is_dataclass(schema) else {}).items():
         v = value(key)
         if v is not missing and v is not None and not allowed.accepts(v):
             found.append(f"{key}={v!r}: must be {allowed}")

@@ -40,13 +40,12 @@ from cbr2.common.errors import SetupError, UserError
 from cbr2.common.files import write_atomic
 from cbr2.config import (
     ABLATIONS,
-    CONFIG_DIR,
     REPO_ROOT,
     Config,
     ConfigError,
     ablation_file,
+    compose,
     git_hash,
-    load_config,
 )
 from cbr2.evaluation import compare
 
@@ -98,9 +97,7 @@ class Sweep:
         Raises:
             ConfigError: Naming the key, file or ablation that does not fit.
         """
-        files = [CONFIG_DIR / "evaluate.yaml", *([ablation_file(run.ablation)] if run.ablation else []),
-                 *self.config_files]
-        return load_config(self.run_overrides(run, shard), files=files, schema=Config)
+        return compose(Config, ablation=run.ablation, files=self.config_files, overrides=self.run_overrides(run, shard))
 
     def save(self) -> None:
         """Write ``sweep.json`` (atomically: tasks read it while the submitter may rewrite it)."""
@@ -296,7 +293,7 @@ def _new_sweep(args: argparse.Namespace) -> Sweep:
     if args.vary and args.grid:
         raise ConfigError("--vary (one factor at a time) and --grid (every combination) do not combine; use one")
     if args.vary:
-        base = load_config(list(args.overrides), files=[CONFIG_DIR / "evaluate.yaml", *args.config], schema=Config)
+        base = compose(Config, files=args.config, overrides=args.overrides)
         runs = expand_vary(ablations, args.vary, base)
     else:
         runs = expand_grid(ablations, args.grid)

@@ -104,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tier", action="store_true", help="skip the vllm test tier")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the evaluation run")
     args = parser.parse_args(argv)
-    from cbr2.config import CONFIG_DIR, load_config
+    from cbr2.config import compose
     from cbr2.llm.packaged import DEFAULT_MODEL
 
-    cfg = load_config(args.overrides, files=[CONFIG_DIR / "evaluate.yaml", Path(args.config)])
+    cfg = compose(files=[args.config], overrides=args.overrides)
     try:
         for line in (check_cuda(), check_vllm(vllm_requirement()),
                      check_weights(str(cfg.llm.model), "llm.model"),

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from cbr2.common.errors import ConfigError
 from cbr2.common.locks import build_lock
-from cbr2.config import CONFIG_DIR, TrainConfig, load_config
+from cbr2.config import TrainConfig, compose
 from cbr2.data.benchmarks import METAQA, Benchmark
 from cbr2.structural.checkpoints import find_checkpoint
 
@@ -61,6 +61,5 @@ def resolve_structural(cfg: DictConfig, bench: Benchmark) -> str:
             return str(found)
         log.warning("no structural retriever for %s in %s/; training one now (python train.py data.name=%s)",
                     cfg.data.name, where, train_on)
-        train_cfg = load_config([f"data.name={train_on}", f"structural.checkpoints_dir={where}"],
-                                files=[CONFIG_DIR / "train.yaml"], schema=TrainConfig)
+        train_cfg = compose(TrainConfig, overrides=[f"data.name={train_on}", f"structural.checkpoints_dir={where}"])
         return str(train(train_cfg)["checkpoint"])
