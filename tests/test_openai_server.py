@@ -79,9 +79,11 @@ def server(tmp_path):
 
 
 def _command(out: Path, port: int) -> list[str]:
+    # The server answers one request at a time, so the last of 4 in flight waits for the other 3:
+    # a generous timeout keeps a busy machine from reading as a dead server (a dead one refuses at once).
     return [sys.executable, str(ROOT / "evaluate.py"), f"output_dir={out}", "llm.backend=openai",
             f"llm.base_url=http://{HOST}:{port}/v1", "llm.model=smollm2", "llm.chat=false", "llm.concurrency=4",
-            "llm.max_retries=2", "llm.timeout_s=60", "llm.max_new_tokens=48", "generation.constrained=false",
+            "llm.max_retries=2", "llm.timeout_s=600", "llm.max_new_tokens=48", "generation.constrained=false",
             "eval.per_category=null", f"eval.limit={QUESTIONS}", "wandb.mode=disabled", "retrieval.cases=none",
             "retrieval.k_ontology=0", "retrieval.k_facts=0"]
 

@@ -30,14 +30,25 @@ import os
 import sys
 from pathlib import Path
 
+from cbr2.common.files import write_atomic
 from cbr2.common.locks import hold_folder
 from cbr2.evaluation.records import read_records, record_line, records_by_id
-from cbr2.evaluation.run_folder import supersedes, write_atomic
+from cbr2.evaluation.run_folder import supersedes
 
 log = logging.getLogger(__name__)
 
 BACKUP_SUFFIX = ".damaged"
-"""Appended to the name of a file the repair replaced: the original, kept whole."""
+"""Appended to the name of a file the repair replaced: the original, kept whole (``.damaged.1`` ...
+when an earlier repair's copy is there)."""
+
+
+def _set_aside(path: Path) -> None:
+    """Rename ``path`` to its first free backup name: no earlier copy is overwritten."""
+    backup, n = path.with_name(path.name + BACKUP_SUFFIX), 0
+    while backup.exists():
+        n += 1
+        backup = path.with_name(f"{path.name}{BACKUP_SUFFIX}.{n}")
+    os.replace(path, backup)
 
 
 def repair_folder(folder: str | Path) -> dict[str, int]:
@@ -72,7 +83,7 @@ def repair_folder(folder: str | Path) -> dict[str, int]:
         summary = {"questions": len(kept), "lines": len(entries) + len(damaged), "damaged": len(damaged),
                    "replaced": len(entries) - len(kept) - len(conflicts), "conflicts": len(conflicts)}
         if summary["lines"] > summary["questions"]:
-            os.replace(path, path.with_name(path.name + BACKUP_SUFFIX))
+            _set_aside(path)
             write_atomic(path, "".join(record_line(r) + "\n" for r in kept.values()))
         retrieval = folder / "retrieval.jsonl"
         bad: list[tuple[int, str]] = []
@@ -81,7 +92,7 @@ def repair_folder(folder: str | Path) -> dict[str, int]:
         if bad or clashes:
             log.warning("%s: %d damaged lines, %d questions twice; moved aside as %s%s (the next run writes it anew)",
                         retrieval, len(bad), len(clashes), retrieval.name, BACKUP_SUFFIX)
-            os.replace(retrieval, retrieval.with_name(retrieval.name + BACKUP_SUFFIX))
+            _set_aside(retrieval)
     return summary
 
 
