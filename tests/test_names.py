@@ -115,7 +115,7 @@ def _gold(root: Path, out: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "data.name=kqapro", f"data.root={root}",
                            f"output_dir={out}", "llm.backend=gold", "eval.per_category=null", "wandb.mode=disabled",
                            "generation.constrained=false", "retrieval.cases=none", "retrieval.k_ontology=0",
-                           "retrieval.k_facts=0"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                           "retrieval.k_facts=0"], cwd=ROOT, capture_output=True, text=True, check=False, timeout=600)
 
 
 @pytest.mark.slow
