@@ -68,13 +68,10 @@ def build_prompts(n: int, overrides: list[str]) -> list[dict[str, str]]:
 
 
 def _llm_cfg(model: str, max_new_tokens: int) -> object:
-    from omegaconf import OmegaConf
+    """The ``llm`` section of a run with this model and cap (the schema's defaults otherwise)."""
+    from cbr2.config import load_config
 
-    from cbr2.config import LLMConfig
-
-    cfg = OmegaConf.structured(LLMConfig)
-    cfg.model, cfg.max_new_tokens = model, max_new_tokens
-    return cfg
+    return load_config([f"llm.model={model}", f"llm.max_new_tokens={max_new_tokens}"]).llm
 
 
 def _grammar(constrained: bool, fmt: str = "dag"):

