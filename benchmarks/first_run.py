@@ -38,12 +38,12 @@ MARKERS: list[tuple[str, re.Pattern[str]]] = [
     ("install: other dependencies", re.compile(r"^install 3/")),
     ("install: LLM weight packages", re.compile(r"^install 4/")),
     ("install: xgrammar", re.compile(r"^install 5/")),
-    ("evaluate: start, KB store", re.compile(r"evaluate\.py")),
+    ("evaluate: start", re.compile(r"evaluate\.py")),
     ("evaluate: retriever training", re.compile(r"training one now")),
-    ("evaluate: encoding (KB triples, case pools)", re.compile(r"\bencoding \d+ ")),
+    ("evaluate: KB store, encoding (KB triples, case pools)", re.compile(r"building the KB store|\bencoding \d+ ")),
     ("evaluate: model reassembly", re.compile(r"reassembling .* \(once\)")),
-    ("evaluate: grammar, model load", re.compile(r"reassembled \S+ \(")),
-    ("evaluate: generation", re.compile(r"\d+ to generate with")),
+    ("evaluate: model load, grammar", re.compile(r"reassembled \S+ \(")),
+    ("evaluate: generation (27 questions)", re.compile(r"compiled the \w+ grammar|generate 1/")),
     ("evaluate: scoring, report", re.compile(r"generated \d+ completions")),
 ]
 RESULT = re.compile(r"^Hits@1 .*")
