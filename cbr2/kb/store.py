@@ -30,7 +30,8 @@ hash and size, the sections' offsets, the size and SHA-256 of ``store.bin``). Li
 retrieval cache (``cbr2.retrieval.cache``) it is written to a temporary folder and renamed into
 place under a build lock (``cbr2.common.locks``), so shards starting together build it once and never
 see half of it; on every load the metadata, sizes and checksum are verified, and an entry that
-does not check out, whatever is wrong with it, is removed with a warning and rebuilt. The
+does not check out, whatever is wrong with it, is removed with a warning and rebuilt (the layout
+and the writer: ``cbr2.kb.store_layout``). The
 pickles are read with an unpickler that resolves no global except ``datetime.date`` (the only
 one the store writes), so a planted entry cannot name a function for them to call. Entries of
 other files or formats are not deleted (as in the retrieval cache).
@@ -44,18 +45,13 @@ before the store existed: the cbr2 engine then raises where it always did.
 from __future__ import annotations
 
 import gc
-import hashlib
 import io
 import json
 import logging
 import mmap
-import os
 import pickle
-import shutil
 import sys
-import tempfile
 import time
-from array import array
 from collections.abc import Callable, Iterator, Mapping
 from functools import cached_property
 from pathlib import Path
@@ -65,14 +61,9 @@ from cbr2.common.files import file_sha256, gc_paused, remove_path
 from cbr2.common.locks import build_lock
 from cbr2.kb.loaders import load_kqapro_kb, load_metaqa_kb
 from cbr2.kb.model import KB, Vocabulary
+from cbr2.kb.store_layout import ENGINE_SECTIONS, FORMAT, HEADER_KEYS, MAGIC, SECTIONS, write_entry
 
 log = logging.getLogger(__name__)
-
-FORMAT = 1
-"""Bump when the layout of an entry changes (the engine's index layout is ``INDEX_FORMAT``)."""
-
-MAGIC = b"CBR2KBS\n"
-"""The first bytes of ``store.bin``."""
 
 LOADERS: dict[str, Callable[[str | Path], KB]] = {"kqapro": load_kqapro_kb, "metaqa": load_metaqa_kb}
 """``kind`` → the loader that reads such a file (KQA Pro ``kb.json``, MetaQA ``kb.txt``)."""
@@ -87,12 +78,6 @@ are never scanned (and still freed when the KB is dropped). ``gc.freeze`` moves 
 alive at that moment, not only the indexes (cycles among those are then never collected), so
 small KBs, the embedded ones among them (under 5,000 facts), are left alone.
 """
-
-ENGINE_SECTIONS = ("attrs", "rels", "forward", "backward")
-SECTIONS = ("header", *ENGINE_SECTIONS, "entity_offsets", "entities")
-_HEADER_KEYS = ("concepts", "entity_ids", "vocabulary", "stats", "ids", "nodes", "names", "members", "key_type")
-_BLOCK = 1 << 24
-
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -358,7 +343,7 @@ def _read(entry: Path, meta: dict[str, Any]) -> KBStore:
         raise ValueError("store.bin does not start with the store's magic bytes")
     store = KBStore(entry, meta, {}, view)
     header = _loads(store.section("header"))
-    if not isinstance(header, dict) or not all(k in header for k in _HEADER_KEYS):
+    if not isinstance(header, dict) or not all(k in header for k in HEADER_KEYS):
         raise ValueError("the header section lacks what the store writes")
     n_entities = len(header["entity_ids"])
     if sections["entity_offsets"][1] != 8 * (n_entities + 1):
@@ -393,7 +378,7 @@ def _parse_and_store(entry: Path, expected: dict[str, Any], path: Path, kind: st
         log.warning("%s: not stored, the cbr2 engine cannot index it (%s)", path, err)
         return kb
     try:
-        _write(entry, expected, kb, indexes, path, started)
+        write_entry(entry, expected, kb, indexes, path, started)
     except OSError as err:
         log.warning("could not store the KB of %s in %s (%s); it is parsed again next time", path, entry, err)
         return kb
@@ -403,66 +388,3 @@ def _parse_and_store(entry: Path, expected: dict[str, Any], path: Path, kind: st
         return kb
     log.info("KB store of %s built in %.1f s", path, time.perf_counter() - started)
     return stored
-
-
-class _HashingWriter:
-    """A binary file that hashes and counts what is written."""
-
-    def __init__(self, handle: Any):
-        self.handle, self.digest, self.offset = handle, hashlib.sha256(), 0
-
-    def write(self, data: bytes | memoryview) -> int:
-        self.handle.write(data)
-        self.digest.update(data)
-        self.offset += len(data)
-        return len(data)
-
-
-def _write(entry: Path, expected: dict[str, Any], kb: KB, indexes: dict[str, Any], path: Path,
-           started: float) -> None:
-    voc = kb.vocabulary
-    header = {"concepts": kb.concepts, "entity_ids": list(kb.entities), "stats": kb.stats(),
-              "vocabulary": {"names": voc.names, "concepts": voc.concepts, "keys": voc.keys,
-                             "qualifier_keys": voc.qualifier_keys, "relations": voc.relations, "units": voc.units},
-              **{k: indexes[k] for k in ("ids", "nodes", "names", "members", "key_type")}}
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name[:16]}-", dir=entry.parent))
-    try:
-        sections: dict[str, list[int]] = {}
-        with (tmp / "store.bin").open("wb") as handle:
-            out = _HashingWriter(handle)
-            out.write(MAGIC)
-
-            def section(name: str, write: Callable[[], None]) -> None:
-                start = out.offset
-                write()
-                sections[name] = [start, out.offset - start]
-
-            section("header", lambda: out.write(pickle.dumps(header, protocol=5)))
-            for name in ENGINE_SECTIONS:
-                section(name, lambda name=name: out.write(pickle.dumps(indexes[name], protocol=5)))
-            offsets = [0]
-            # Entities go to a temporary file first: their offsets come before them in store.bin.
-            with tempfile.TemporaryFile(dir=tmp) as blobs:
-                for ent in kb.entities.values():
-                    data = pickle.dumps(ent, protocol=5)
-                    blobs.write(data)
-                    offsets.append(offsets[-1] + len(data))
-                section("entity_offsets", lambda: out.write(array("q", offsets).tobytes()))  # native order (keyed)
-                blobs.seek(0)
-                section("entities", lambda: shutil.copyfileobj(blobs, out, _BLOCK))
-            handle.flush()
-            os.fsync(handle.fileno())
-        meta = {**expected, "source": str(path), "store_bytes": out.offset, "store_sha256": out.digest.hexdigest(),
-                "sections": sections, "stats": header["stats"], "build_seconds": round(time.perf_counter() - started, 2)}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        try:
-            os.rename(tmp, entry)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if not entry.is_dir():  # not another process's finished entry
-                raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-

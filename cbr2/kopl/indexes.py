@@ -45,6 +45,17 @@ def build_indexes(kb: KB) -> dict[str, Any]:
     Raises:
         ValueError: On a date value that is neither a date nor a year (naming the KB file and entity).
     """
+    parents, ids, node, node_names = _nodes(kb)
+    n_nodes = len(ids)
+    members = _members(parents, node)
+    attrs, rels, forward, backward, key_type = _facts(kb, ids, node, node_names)
+    return {"ids": ids, "nodes": n_nodes, "names": node_names, "members": members, "attrs": attrs,
+            "rels": rels, "forward": forward, "backward": backward,
+            "key_type": {k: DATE if t == YEAR else t for k, t in key_type.items()}}
+
+
+def _nodes(kb: KB) -> tuple[dict[str, list[str]], list[str], dict[str, int], list[str | None]]:
+    """Each id's parents, the ids in node order, each id's node and the nodes' names."""
     # The reference engine's one id space: concepts, then entities (an id that is both is
     # the entity, at the concept's place, as a dict update leaves it).
     parents: dict[str, list[str]] = {cid: con.get("subclassOf", []) for cid, con in kb.concepts.items()}
@@ -55,16 +66,11 @@ def build_indexes(kb: KB) -> dict[str, Any]:
     ids = list(parents)
     node = {i: n for n, i in enumerate(ids)}
     node_names: list[str | None] = [names[i] for i in ids]
-    n_nodes = len(ids)
+    return parents, ids, node, node_names
 
-    def node_of(item_id: str) -> int:
-        n = node.get(item_id)
-        if n is None:  # a dangling object (the schema check forbids it): a node without a name
-            n = node[item_id] = len(node_names)
-            ids.append(item_id)
-            node_names.append(None)
-        return n
 
+def _members(parents: dict[str, list[str]], node: dict[str, int]) -> dict[int, set[int]]:
+    """Each concept's member nodes."""
     # Concept membership: every node is a member of each node reachable from its parents
     # (a parent that is the node itself is skipped; a cycle still reaches it).
     reach: dict[str, frozenset[int]] = {}
@@ -93,6 +99,20 @@ def build_indexes(kb: KB) -> dict[str, Any]:
         n = node[i]
         for c in anc:
             members[c].add(n)
+    return dict(members)
+
+
+def _facts(kb: KB, ids: list[str], node: dict[str, int], node_names: list[str | None]) -> tuple[Any, ...]:
+    """The attribute and relation indexes, and the key types (``ids``, ``node`` and ``node_names``
+    grow by the dangling objects of relations, nodes without a name)."""
+
+    def node_of(item_id: str) -> int:
+        n = node.get(item_id)
+        if n is None:  # a dangling object (the schema check forbids it): a node without a name
+            n = node[item_id] = len(node_names)
+            ids.append(item_id)
+            node_names.append(None)
+        return n
 
     # Attribute and relation facts, and the key types the reference engine reads its
     # literals with (last value in KB order wins; years are dates).
@@ -136,7 +156,5 @@ def build_indexes(kb: KB) -> dict[str, Any]:
                 flipped = "backward" if rel["direction"] == "forward" else "forward"
                 add_relation(node[rel["object"]], {"relation": rel["relation"], "direction": flipped,
                                                    "object": eid}, quals)
-    return {"ids": ids, "nodes": n_nodes, "names": node_names, "members": dict(members), "attrs": dict(attrs),
-            "rels": dict(rels), "forward": dict(forward), "backward": dict(backward),
-            "key_type": {k: DATE if t == YEAR else t for k, t in key_type.items()}}
+    return dict(attrs), dict(rels), dict(forward), dict(backward), key_type
 
