@@ -61,7 +61,7 @@ def build_prompts(n: int, overrides: list[str]) -> list[dict[str, str]]:
     cfg = load_config(["wandb.mode=disabled", *overrides], files=[CONFIG_DIR / "evaluate.yaml"])
     bench = Benchmark(cfg.data.name, cfg.data.root)
     questions = select_questions(bench, cfg)[:n]
-    _prepare(cfg, bench, retrieval_only=False)
+    cfg = _prepare(cfg, bench, retrieval_only=False)  # with the structural retriever resolved
     retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
     retrieved = {r.query.qid: r for r in retriever.retrieve([Query(q.qid, q.question) for q in questions])}
     return [{"qid": p.qid, "system": p.system, "user": p.user} for p in build_prompts(cfg, questions, retrieved)]

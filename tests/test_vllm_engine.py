@@ -62,7 +62,7 @@ def default_prompts():
     cfg = load_config(["wandb.mode=disabled"], files=[CONFIG_DIR / "evaluate.yaml"])
     bench = Benchmark(cfg.data.name, cfg.data.root)
     questions = select_questions(bench, cfg)[:N_PROMPTS]
-    _prepare(cfg, bench, retrieval_only=False)
+    cfg = _prepare(cfg, bench, retrieval_only=False)  # with the structural retriever resolved
     retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
     retrieved = {r.query.qid: r for r in retriever.retrieve([Query(q.qid, q.question) for q in questions])}
     return cfg, bench, build_prompts(cfg, questions, retrieved)
