@@ -285,13 +285,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         ValueError: On data that cannot make training and validation pairs.
     """
     started = time.perf_counter()
-    if not torch.cuda.is_available():
-        # Fewer torch threads where other jobs keep CPUs busy (cbr2.common.cpus); never more than set.
-        threads = idle_threads()
-        if threads < torch.get_num_threads():
-            log.info("training on %d CPU thread(s) of %d: other jobs keep the rest busy (load %.1f)", threads,
-                     torch.get_num_threads(), os.getloadavg()[0])
-            torch.set_num_threads(threads)
+    _use_idle_cpus()
     L.seed_everything(cfg.seed, workers=True)
     rid = run_id(cfg)
     out = Path(cfg.output_dir) if cfg.output_dir else Path("outputs") / "train" / cfg.data.name / rid
@@ -311,7 +305,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         trainer = L.Trainer(**kwargs, logger=loggers, callbacks=[checkpointing, LineProgress()], default_root_dir=out)
     except TypeError as err:  # a valid name with a value Lightning rejects
         raise ConfigError(f"trainer: {err}") from err
-
     if trainer.is_global_zero:
         OmegaConf.save(cfg, out / "config.yaml", resolve=True)
         (out / "git.txt").write_text(f"{git_hash() or 'unknown'}\n", encoding="utf-8")
@@ -325,20 +318,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                     "(choose another output_dir to start afresh)", out, earlier, rid)
     try:
         baseline = _baseline(module, dm, kwargs, out, rid, loggers)
-        module.val_metrics = {}
-        if resume:
-            kind = "SLURM requeue checkpoint" if _HPC_CKPT.fullmatch(resume.name) else "last checkpoint"
-            log.info("resuming from the %s %s", kind, resume)
-        trainer.fit(module, datamodule=dm, ckpt_path=resume)
-        if not checkpointing.best_model_path:
-            # Fitting stopped before its first validation (trainer.max_steps within the first epoch):
-            # validate the weights there are, which are then the ones exported; logged as Lightning
-            # logs a validation (float32 values and the epoch) at the last step.
-            metrics = _validate_as_is(module, dm, kwargs, out, loggers=False)
-            logged = {k: torch.tensor(v, dtype=torch.float32).item() for k, v in metrics.items()}
-            for logger in loggers:
-                logger.log_metrics({**logged, "epoch": trainer.current_epoch}, step=trainer.global_step)
-                logger.save()
+        _fit(trainer, module, dm, kwargs, out, loggers, resume, checkpointing)
     finally:
         _finish_wandb(loggers)
 
@@ -348,27 +328,63 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "resumed_from": str(resume) if resume else None, "steps": trainer.global_step,
         "pairs_per_s": module.train_pairs * trainer.world_size / seconds if seconds else 0.0,
     }
-    if not trainer.is_global_zero:
-        result["elapsed_s"] = time.perf_counter() - started
-        return result
+    if trainer.is_global_zero:
+        result["best"], result["checkpoint"] = _export(cfg, module, checkpointing.best_model_path, baseline, out, rid,
+                                                       trainer.global_step)
+    result["elapsed_s"] = time.perf_counter() - started
+    if trainer.is_global_zero:
+        log.info("best %s %.4f (untrained %.4f); %.1f pairs/s; %.0f s", MONITOR,
+                 result["best"].get(MONITOR, float("nan")), baseline.get(MONITOR, float("nan")),
+                 result["pairs_per_s"], result["elapsed_s"])
+    return result
 
-    best_path = checkpointing.best_model_path
+
+def _use_idle_cpus() -> None:
+    """On a CPU, fewer torch threads where other jobs keep CPUs busy (``cbr2.common.cpus``); never more than set."""
+    if torch.cuda.is_available():
+        return
+    threads = idle_threads()
+    if threads < torch.get_num_threads():
+        log.info("training on %d CPU thread(s) of %d: other jobs keep the rest busy (load %.1f)", threads,
+                 torch.get_num_threads(), os.getloadavg()[0])
+        torch.set_num_threads(threads)
+
+
+def _fit(trainer: Any, module: StructuralRetriever, dm: PairDataModule, kwargs: dict[str, Any], out: Path,
+         loggers: list[Logger], resume: Path | None, checkpointing: ModelCheckpoint) -> None:
+    """Fit from ``resume`` (or from the start); a fit that never validated validates once at its end."""
+    module.val_metrics = {}
+    if resume:
+        kind = "SLURM requeue checkpoint" if _HPC_CKPT.fullmatch(resume.name) else "last checkpoint"
+        log.info("resuming from the %s %s", kind, resume)
+    trainer.fit(module, datamodule=dm, ckpt_path=resume)
+    if not checkpointing.best_model_path:
+        # Fitting stopped before its first validation (trainer.max_steps within the first epoch):
+        # validate the weights there are, which are then the ones exported; logged as Lightning
+        # logs a validation (float32 values and the epoch) at the last step.
+        metrics = _validate_as_is(module, dm, kwargs, out, loggers=False)
+        logged = {k: torch.tensor(v, dtype=torch.float32).item() for k, v in metrics.items()}
+        for logger in loggers:
+            logger.log_metrics({**logged, "epoch": trainer.current_epoch}, step=trainer.global_step)
+            logger.save()
+
+
+def _export(cfg: DictConfig, module: StructuralRetriever, best_path: str, baseline: dict[str, float], out: Path,
+            rid: str, steps: int) -> tuple[dict[str, float], str]:
+    """Load the best weights (the last ones when fitting never validated) and export them with
+    their metadata; the best validation metrics and the exported folder."""
     if best_path:
         # Our own run's file: it holds Lightning's loop state besides tensors, hence weights_only=False.
         state = torch.load(best_path, map_location="cpu", weights_only=False)
         module.load_state_dict(state["state_dict"])
-        result["best"] = state.get("cbr2_val_metrics") or {}
+        best = state.get("cbr2_val_metrics") or {}
     else:
-        result["best"] = dict(module.val_metrics)
-    meta = {"data": {"name": cfg.data.name, "root": cfg.data.root}, "backbone": s.backbone,
-            "metrics": result["best"], "baseline": baseline, "config": OmegaConf.to_container(cfg, resolve=True),
-            "git": git_hash(), "run_dir": str(out.resolve()), "run_id": rid, "steps": trainer.global_step,
+        best = dict(module.val_metrics)
+    meta = {"data": {"name": cfg.data.name, "root": cfg.data.root}, "backbone": cfg.structural.backbone,
+            "metrics": best, "baseline": baseline, "config": OmegaConf.to_container(cfg, resolve=True),
+            "git": git_hash(), "run_dir": str(out.resolve()), "run_id": rid, "steps": steps,
             "lightning_checkpoint": best_path or None}
-    result["checkpoint"] = str(export_checkpoint(module.encoder, s.checkpoints_dir, cfg.data.name, rid, meta))
-    result["elapsed_s"] = time.perf_counter() - started
-    log.info("best %s %.4f (untrained %.4f); %.1f pairs/s; %.0f s", MONITOR, result["best"].get(MONITOR, float("nan")),
-             baseline.get(MONITOR, float("nan")), result["pairs_per_s"], result["elapsed_s"])
-    return result
+    return best, str(export_checkpoint(module.encoder, cfg.structural.checkpoints_dir, cfg.data.name, rid, meta))
 
 
 def _finish_wandb(loggers: list[Logger]) -> None:
