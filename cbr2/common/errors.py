@@ -6,7 +6,7 @@ a fault of the project or of a library and shows its traceback. So the message o
 ``UserError`` says what to change, and nothing that is a bug is raised as one.
 
 The project's kinds derive from it: ``ConfigError`` and ``SetupError`` below, ``DataError`` (a
-data file, ``cbr2.data.schema``) and ``ReportError`` (runs that cannot be compared,
+data file, ``cbr2.data.reading``) and ``ReportError`` (runs that cannot be compared,
 ``cbr2.evaluation.compare``).
 """
 

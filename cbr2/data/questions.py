@@ -7,14 +7,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from cbr2.data.schema import (
-    DataError,
-    parse_metaqa_question_line,
-    parse_metaqa_questions,
-    read_json,
-    read_text,
-    validate_kqapro_questions,
-)
+from cbr2.data.reading import DataError, read_json, read_text
+from cbr2.data.schema import parse_metaqa_question_line, parse_metaqa_questions, validate_kqapro_questions
 from cbr2.kopl.program import Program, ProgramError, Step
 from cbr2.kopl.text import to_text
 

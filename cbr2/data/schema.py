@@ -14,74 +14,18 @@ e.g. ``kb.json: entities["Q42"].attributes[3]: missing key 'key'``.
 
 from __future__ import annotations
 
-import io
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from functools import cache
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, with_config
 from typing_extensions import NotRequired, TypedDict  # pydantic needs these on Python < 3.12
 
-from cbr2.common.errors import UserError
 from cbr2.common.files import gc_paused
 from cbr2.data.names import first_problem, kqapro_kb_strings, kqapro_question_strings, question_problem
-
-
-class DataError(UserError):
-    """A data file that does not follow its official format.
-
-    The message is ``<file>: <item>: <what is wrong>``; the item is a path into the file
-    (``entities["Q42"].attributes[3]``, ``[17].answer``) or a line (``line 12``).
-    """
-
-
-# ------------------------------------------------------------------------ reading files
-
-def read_text(path: str | Path) -> str:
-    """The text of a UTF-8 file.
-
-    Raises:
-        DataError: If the file does not exist, or is not UTF-8 (naming the line and byte offset
-            of the first bad byte).
-    """
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError as err:
-        raise DataError(f"{path}: file not found") from err
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise DataError(f"{path}: line {line}, byte {err.start}: not UTF-8 text "
-                        f"({err.reason} 0x{data[err.start]:02x})") from err
-
-
-def read_json(path: str | Path) -> Any:
-    """Parse a UTF-8 JSON file.
-
-    Raises:
-        DataError: As ``read_text``, or naming line and column where the text stops being JSON.
-    """
-    text = read_text(path)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise DataError(f"{path}: line {err.lineno}, column {err.colno}: not valid JSON ({err.msg})") from err
-
-
-def text_lines(text: str) -> Iterator[tuple[int, str]]:
-    """``(line number, line)`` pairs without line endings; ``\\n``, ``\\r\\n`` and ``\\r`` all end a line.
-
-    These are exactly the lines a text-mode file object yields, so a file reads as it did
-    before validation existed (``str.splitlines`` would also split on form feeds and U+2028).
-    """
-    for lineno, line in enumerate(io.StringIO(text, newline=None), 1):
-        yield lineno, line.rstrip("\n")
-
+from cbr2.data.reading import DataError, text_lines
 
 # ------------------------------------------------------------------- error messages
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cbr2.data.schema import METAQA_RELATIONS, DataError, parse_metaqa_kb, read_json, read_text, validate_kqapro_kb
+from cbr2.data.reading import DataError, read_json, read_text
+from cbr2.data.schema import METAQA_RELATIONS, parse_metaqa_kb, validate_kqapro_kb
 from cbr2.kb.model import KB
 
 KBFormatError = DataError
