@@ -227,3 +227,19 @@ def test_chromium_compare_page(tmp_path):
     assert 'href="../full/browser.html#open=val-0"' in dom
     dom = dump_dom(browser, page, "direction=gained", tmp_path / "profile")
     assert shown_count(dom) == "1 of 3 flipped questions shown"
+
+
+def test_the_browser_reads_repeated_ids_as_a_resumed_run_does(tmp_path, caplog):
+    from cbr2.evaluation.browser import browser_data
+    from cbr2.evaluation.run_folder import load_predictions
+
+    path = tmp_path / "predictions.jsonl"
+    # A stale record generated again (the newer wins), then two writers' records of q2 (a conflict).
+    lines = [prediction("q1", "Count", False, kind="wrong_answer", prompt_hash="old"), prediction("q1", "Count", True),
+             prediction("q2", "Count", True), prediction("q2", "Count", False, kind="wrong_answer")]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    with pytest.raises(ValueError, match="lines 3 and 4 both hold id 'q2'"):
+        load_predictions(path)
+    shown = {q["id"]: q["verdict"] for q in browser_data(tmp_path)["questions"]}
+    assert shown == {"q1": "right", "q2": "right"}  # the newer q1; q2's first record, as the repair keeps
+    assert "lines 3 and 4 both hold 'q2'" in caplog.text

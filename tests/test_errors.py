@@ -243,7 +243,7 @@ def test_report_has_the_error_analysis_section(tmp_path):
                error={"message": "step 3 (Count) needs entities, but its input is number"}),
     ]
     path = tmp_path / "report.md"
-    write_report(path, compute_metrics(records, ("QueryAttr", "QueryName")), "mini-kqapro · test")
+    write_report(path, compute_metrics(records, ("QueryAttr", "QueryName")))
     md = path.read_text(encoding="utf-8")
     assert md.index("## Errors") < md.index("## Error analysis")
     section = md[md.index("## Error analysis"):]

@@ -119,22 +119,19 @@ def test_shard_defaults_come_from_the_job_array(monkeypatch):
     for var in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_STEP"):
         monkeypatch.delenv(var, raising=False)
     cfg = load_config([])
-    resolve_shard(cfg)
-    assert (cfg.eval.shard, cfg.eval.num_shards) == (0, 1)
+    assert resolve_shard(cfg.eval) == (0, 1)
+    assert (cfg.eval.shard, cfg.eval.num_shards) == (None, None)  # the configuration is left as it is
     with pytest.raises(ValueError, match="needs eval.shard"):
-        resolve_shard(load_config(["eval.num_shards=3"]))
+        resolve_shard(load_config(["eval.num_shards=3"]).eval)
     with pytest.raises(ValueError, match="is not one of"):
-        resolve_shard(load_config(["eval.num_shards=3", "eval.shard=3"]))
+        resolve_shard(load_config(["eval.num_shards=3", "eval.shard=3"]).eval)
     # sbatch --array=1-3: task id 3 is the third task, shard 2 of 3.
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
     monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "3")
     monkeypatch.setenv("SLURM_ARRAY_TASK_MIN", "1")
-    cfg = load_config([])
-    resolve_shard(cfg)
-    assert (cfg.eval.shard, cfg.eval.num_shards) == (2, 3)
-    cfg = load_config(["eval.num_shards=1"])  # an explicit single shard ignores the array
-    resolve_shard(cfg)
-    assert (cfg.eval.shard, cfg.eval.num_shards) == (0, 1)
+    assert resolve_shard(load_config([]).eval) == (2, 3)
+    # an explicit single shard ignores the array
+    assert resolve_shard(load_config(["eval.num_shards=1"]).eval) == (0, 1)
 
 
 def test_allocation_is_read_from_slurm_variables():

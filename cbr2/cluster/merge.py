@@ -26,10 +26,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from cbr2.common.console import setup_logging
 from cbr2.common.errors import UserError
+from cbr2.common.files import write_atomic
 from cbr2.data.benchmarks import Benchmark
 from cbr2.evaluation.metrics import merge_retrieval
-from cbr2.evaluation.records import Prediction, read_records, record_line, records_by_id
-from cbr2.evaluation.run_folder import check_same_config, finish_run, load_predictions, write_atomic, write_config
+from cbr2.evaluation.records import Prediction, load_records, record_line
+from cbr2.evaluation.run_folder import check_same_config, finish_run, load_predictions, write_config
 from cbr2.evaluation.selection import check_shard, select_questions, selection_sha256
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
                                  f"selections, e.g. {foreign[:3]}: they would be counted twice")
             by_id.update({qid: found[qid] for qid in wanted})
         path = s.dir / "retrieval.jsonl"
-        retrieval_lines.update({qid: record_line(rec) for qid, rec in records_by_id(path, read_records(path)).items()})
+        retrieval_lines.update({qid: record_line(rec) for qid, rec in load_records(path).items()})
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -163,7 +164,7 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
     if len(retrieval_lines) == len(selection):
         write_atomic(out / "retrieval.jsonl", "".join(retrieval_lines[q.qid] + "\n" for q in selection))
     write_config(out, cfg)
-    metrics = finish_run(out, cfg, bench, prov, len(selection), records, retrieval)
+    metrics = finish_run(out, cfg, bench, prov, selection, len(selection), records, retrieval)
     log.info("merged %d shards (%d questions) into %s", len(shards), len(selection), out)
     return metrics
 

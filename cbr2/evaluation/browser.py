@@ -35,7 +35,8 @@ from cbr2.common.console import setup_logging
 from cbr2.common.files import write_atomic
 from cbr2.evaluation.errors import CLASSES, classify
 from cbr2.evaluation.metrics import ERROR_KINDS
-from cbr2.evaluation.records import read_records, utf8_json
+from cbr2.evaluation.records import load_records, utf8_json
+from cbr2.evaluation.run_report import run_title
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +53,17 @@ MAX_VALUES = 50
 # ------------------------------------------------------------------------------------------ data
 
 def _records(path: Path) -> dict[str, dict[str, Any]]:
-    """Records of a JSONL file by id, the newest of a repeated id winning, in first-seen order."""
-    out: dict[str, dict[str, Any]] = {}
+    """Records of a JSONL file by id, as every reader takes them (``records.load_records``); a
+    conflicting repetition keeps its first record with a warning, as the folder repair does."""
+    conflicts: list[tuple[int, int, str]] = []
     try:
-        for _, record in read_records(path):
-            out[record["id"]] = record
+        out = load_records(path, conflicts=conflicts)
     except (OSError, ValueError) as err:
         log.warning("browser: %s is unreadable (%s); the page shows the rest", path, err)
+        return {}
+    for first, later, qid in conflicts:
+        log.warning("browser: %s: lines %d and %d both hold %r; the page shows the first "
+                    "(`python -m cbr2.evaluation.repair FOLDER` settles it)", path, first, later, qid)
     return out
 
 
@@ -70,8 +75,8 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _run_context(run_dir: Path, bench: Any, case_ids: set[str]) -> tuple[dict[str, int], dict[str, dict[str, Any]],
-                                                                         dict[str, dict[str, Any]]]:
+def _run_context(run_dir: Path, bench: Any, case_ids: set[str], selection: Sequence[Any] | None
+                 ) -> tuple[dict[str, int], dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """What only the benchmark knows: each question's position in the run's selection (the
     ``--show-prompt`` index), the cases' questions and programs, and the evaluated questions
     themselves (for a retrieval-only run, which writes no predictions).
@@ -90,7 +95,8 @@ def _run_context(run_dir: Path, bench: Any, case_ids: set[str]) -> tuple[dict[st
         cfg = OmegaConf.load(run_dir / "config.yaml")
         if bench is None:
             bench = Benchmark(cfg.data.name, cfg.data.root)
-        selection = select_questions(bench, cfg)
+        if selection is None:  # a folder read on its own (python -m cbr2.evaluation.browser)
+            selection = select_questions(bench, cfg)
         index = {q.qid: i for i, q in enumerate(selection)}
         questions = {q.qid: question_record(q) for q in selection}
         cases: dict[str, dict[str, Any]] = {}
@@ -124,24 +130,62 @@ class _Strings:
         return out
 
 
-def run_title(metrics: dict[str, Any], run_dir: Path) -> str:
-    """``benchmark · backend · ablation`` from the provenance, else the folder's name."""
-    prov = metrics.get("provenance") or {}
-    cfg = prov.get("config") or {}
-    bench = (cfg.get("data") or {}).get("name")
-    if not bench:
-        return run_dir.name
-    kind = "retrieval" if "hits@1" not in metrics else (cfg.get("llm") or {}).get("backend")
-    return " · ".join(str(x) for x in (bench, kind, prov.get("ablation")) if x)
+def _question(qid: str, record: dict[str, Any] | None, selected: dict[str, Any] | None,
+              index: int | None) -> dict[str, Any]:
+    """A question's entry without its retrieval: its prediction record (else what the selection
+    knows of it) with its verdict, error kind, error analysis, category and selection index."""
+    entry: dict[str, Any] = dict(record) if record else {**(selected or {"id": qid})}
+    for key in DROPPED_FIELDS:
+        entry.pop(key, None)
+    if isinstance(entry.get("values"), list) and len(entry["values"]) > MAX_VALUES:
+        entry["values_n"] = len(entry["values"])
+        entry["values"] = entry["values"][:MAX_VALUES]
+    if record is None:
+        entry.update(verdict="n/a", kind="n/a", analysis=None)
+    else:
+        entry["verdict"] = "right" if record.get("correct") else "wrong"
+        entry["kind"] = record.get("error_kind") or ("none" if record.get("correct") else "unknown")
+        try:
+            entry["analysis"] = classify(record)
+        except Exception as err:  # noqa: BLE001 - a malformed old record still gets its row
+            entry["analysis"] = {"class": "other", "reason": "unparsable", "detail": f"{type(err).__name__}: {err}"}
+    entry["class"] = entry["analysis"]["class"] if entry["analysis"] else "none"
+    entry["category"] = entry.get("category") or (selected or {}).get("category") or "unknown"
+    entry["index"] = index
+    return entry
 
 
-def browser_data(run_dir: str | Path, bench: Any = None) -> dict[str, Any]:
+def _retrieved(ret: dict[str, Any], strings: _Strings, cases: dict[str, dict[str, Any]],
+               case_text: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A question's retrieval record as the page stores it: triples as ids into ``strings``,
+    each case as ``[id, views, scores]`` (its text and triples entered in ``cases`` once)."""
+    found = []
+    for c in ret.get("cases") or ():
+        if not isinstance(c, dict) or not isinstance(c.get("id"), str):
+            continue
+        cid = c["id"]
+        knowledge = {"ontology": strings.ids(c.get("ontology")), "facts": strings.ids(c.get("facts"))}
+        if cid not in cases:
+            cases[cid] = {**case_text.get(cid, {}), **knowledge}
+        hit: list[Any] = [cid, c.get("views") or [], c.get("scores") or []]
+        if {k: cases[cid][k] for k in knowledge} != knowledge:
+            hit.append(knowledge)  # retrieved with other triples than its first occurrence
+        found.append(hit)
+    return {"ontology": strings.ids(ret.get("ontology")), "facts": strings.ids(ret.get("facts")), "cases": found}
+
+
+def browser_data(run_dir: str | Path, bench: Any = None, records: Sequence[dict[str, Any]] | None = None,
+                 selection: Sequence[Any] | None = None) -> dict[str, Any]:
     """The data ``browser.html`` embeds: one entry per question of the run.
 
     Args:
         run_dir: A run folder (``predictions.jsonl`` and/or ``retrieval.jsonl``, ``metrics.json``,
             ``config.yaml``); any of them may be missing.
         bench: The run's ``Benchmark`` when the caller has it (else built from ``config.yaml``).
+        records: The run's prediction records when the caller holds them (the runner, the
+            merge); else ``predictions.jsonl`` is read.
+        selection: The run's whole selection of questions when the caller holds it; else it is
+            selected again from ``config.yaml``.
 
     Returns:
         ``{"title", "summary", "has_predictions", "has_retrieval", "prompt_command", "strings", "cases",
@@ -156,11 +200,11 @@ def browser_data(run_dir: str | Path, bench: Any = None) -> dict[str, Any]:
     """
     run_dir = Path(run_dir)
     metrics = _read_json(run_dir / "metrics.json")
-    predictions = _records(run_dir / "predictions.jsonl")
+    predictions = {r["id"]: r for r in records} if records is not None else _records(run_dir / "predictions.jsonl")
     retrieval = _records(run_dir / "retrieval.jsonl")
     case_ids = {c.get("id") for r in retrieval.values() for c in r.get("cases") or () if isinstance(c, dict)}
-    index, case_text, selected = _run_context(run_dir, bench, case_ids) if (run_dir / "config.yaml").is_file() \
-        else ({}, {}, {})
+    index, case_text, selected = _run_context(run_dir, bench, case_ids, selection) \
+        if (run_dir / "config.yaml").is_file() else ({}, {}, {})
 
     ids = [*predictions, *(qid for qid in retrieval if qid not in predictions)]
     ids.sort(key=lambda qid: index.get(qid, len(index)))  # stable: unknown ids keep their file order
@@ -169,43 +213,9 @@ def browser_data(run_dir: str | Path, bench: Any = None) -> dict[str, Any]:
     cases: dict[str, dict[str, Any]] = {}
     questions = []
     for qid in ids:
-        record = predictions.get(qid)
-        entry: dict[str, Any] = dict(record) if record else {**selected.get(qid, {"id": qid})}
-        for key in DROPPED_FIELDS:
-            entry.pop(key, None)
-        if isinstance(entry.get("values"), list) and len(entry["values"]) > MAX_VALUES:
-            entry["values_n"] = len(entry["values"])
-            entry["values"] = entry["values"][:MAX_VALUES]
-        if record is None:
-            entry.update(verdict="n/a", kind="n/a", analysis=None)
-        else:
-            entry["verdict"] = "right" if record.get("correct") else "wrong"
-            entry["kind"] = record.get("error_kind") or ("none" if record.get("correct") else "unknown")
-            try:
-                entry["analysis"] = classify(record)
-            except Exception as err:  # noqa: BLE001 - a malformed old record still gets its row
-                entry["analysis"] = {"class": "other", "reason": "unparsable", "detail": f"{type(err).__name__}: {err}"}
-        entry["class"] = entry["analysis"]["class"] if entry["analysis"] else "none"
-        entry["category"] = entry.get("category") or selected.get(qid, {}).get("category") or "unknown"
-        entry["index"] = index.get(qid)
+        entry = _question(qid, predictions.get(qid), selected.get(qid), index.get(qid))
         ret = retrieval.get(qid)
-        if ret is None:
-            entry["retrieval"] = None
-        else:
-            found = []
-            for c in ret.get("cases") or ():
-                if not isinstance(c, dict) or not isinstance(c.get("id"), str):
-                    continue
-                cid = c["id"]
-                knowledge = {"ontology": strings.ids(c.get("ontology")), "facts": strings.ids(c.get("facts"))}
-                if cid not in cases:
-                    cases[cid] = {**case_text.get(cid, {}), **knowledge}
-                hit: list[Any] = [cid, c.get("views") or [], c.get("scores") or []]
-                if {k: cases[cid][k] for k in knowledge} != knowledge:
-                    hit.append(knowledge)  # retrieved with other triples than its first occurrence
-                found.append(hit)
-            entry["retrieval"] = {"ontology": strings.ids(ret.get("ontology")), "facts": strings.ids(ret.get("facts")),
-                                  "cases": found}
+        entry["retrieval"] = None if ret is None else _retrieved(ret, strings, cases, case_text)
         questions.append(entry)
 
     order = list(metrics.get("per_category") or ())
@@ -272,11 +282,12 @@ def render_browser(data: dict[str, Any]) -> str:
     return _page(f"{data['title']} · run browser", data, "browser.js")
 
 
-def write_browser(run_dir: str | Path, bench: Any = None) -> Path:
+def write_browser(run_dir: str | Path, bench: Any = None, records: Sequence[dict[str, Any]] | None = None,
+                  selection: Sequence[Any] | None = None) -> Path:
     """Write ``run_dir/browser.html`` (see :func:`browser_data`) and return its path."""
     run_dir = Path(run_dir)
     path = run_dir / BROWSER
-    write_atomic(path, render_browser(browser_data(run_dir, bench)))
+    write_atomic(path, render_browser(browser_data(run_dir, bench, records, selection)))
     return path
 
 

@@ -326,7 +326,7 @@ def table_data(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def _correctness(run: dict[str, Any]) -> dict[str, bool]:
     """Question id → correct, from the run's ``predictions.jsonl`` (read once per run)."""
     if "_correct" not in run:
-        from cbr2.evaluation.runner import load_predictions
+        from cbr2.evaluation.run_folder import load_predictions
 
         path = Path(run["dir"]) / "predictions.jsonl"
         records = load_predictions(path) if path.is_file() else {}

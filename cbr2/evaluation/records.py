@@ -236,3 +236,41 @@ def records_by_id(path: str | Path, entries: Sequence[tuple[int, Record]],
                 continue
         found[qid] = (lineno, record)
     return {qid: record for qid, (_, record) in found.items()}
+
+
+def is_pending(record: Record) -> bool:
+    """Whether a prediction is a fallback's first pass still waiting for its correction."""
+    return bool((record.get("fallback") or {}).get("pending"))
+
+
+def supersedes(new: Record, old: Record) -> bool:
+    """Whether ``new`` may replace the earlier record ``old`` of the same question: ``old`` was
+    generated for another prompt or generation key (stale), or is a pending first pass."""
+    stale = (new.get("prompt_hash"), new.get("generation_key")) != (old.get("prompt_hash"), old.get("generation_key"))
+    return stale or is_pending(old)
+
+
+def load_records(path: str | Path, repair: bool = False,
+                 conflicts: list[tuple[int, int, str]] | None = None) -> dict[str, Record]:
+    """The records of a JSONL file by id: the one reader of ``predictions.jsonl`` and
+    ``retrieval.jsonl``, with the one policy for a repeated id (``records_by_id`` with
+    ``supersedes``).
+
+    A damaged last line (the process died mid-write) is dropped with a warning; with ``repair``
+    (the run about to append to the file) the file is also cut back to its last good record.
+    A question may appear again further down when its record was superseded: a fallback's
+    pending first pass by its final record, or a record whose prompt or generation key is no
+    longer the run's by one generated again. The newest record wins then; a repetition that is
+    the same but for timing keeps the later one; any other is a conflict.
+
+    Args:
+        path: The file (missing: no records).
+        repair: Fix a damaged last line in the file itself (only its writer should).
+        conflicts: When given, a conflicting repetition is noted here and the first record kept
+            (readers that show what they can: the run browser), instead of raising.
+
+    Raises:
+        UserError: Naming the file and line of a corrupt record before the last line, or both
+            lines of a question recorded twice with different content that supersedes nothing.
+    """
+    return records_by_id(path, read_records(path, repair=repair), supersedes=supersedes, conflicts=conflicts)

@@ -6,7 +6,7 @@ system without working locks). Such a ``predictions.jsonl`` holds questions twic
 of both writers interleaved and, rarely, a line cut by the other's write; every later run of
 the folder stops on it.
 
-The rule, the same one a resumed run applies to an intact file (``run_folder.load_predictions``):
+The rule, the same one a resumed run applies to an intact file (``records.load_records``):
 
 * a line that is not a whole record is dropped;
 * of the records of one question, a later one replaces an earlier one when the two differ only
@@ -32,8 +32,7 @@ from pathlib import Path
 
 from cbr2.common.files import write_atomic
 from cbr2.common.locks import hold_folder
-from cbr2.evaluation.records import read_records, record_line, records_by_id
-from cbr2.evaluation.run_folder import supersedes
+from cbr2.evaluation.records import read_records, record_line, records_by_id, supersedes
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import platform
 import sys
 from collections.abc import Sequence
@@ -26,16 +25,16 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from cbr2.common.errors import UserError
+from cbr2.common.files import write_atomic
 from cbr2.config import ablation_slug, git_hash, setting_of
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.questions import Question
 from cbr2.evaluation.browser import write_browser
 from cbr2.evaluation.metrics import finish_metrics
-from cbr2.evaluation.records import Prediction, Record, read_records, records_by_id
+from cbr2.evaluation.records import Prediction, load_records
 from cbr2.evaluation.run_report import write_report
 from cbr2.evaluation.selection import categories_of, selection_provenance
 from cbr2.evaluation.tracking import log_evaluation
-from cbr2.generation.fallback import is_pending
 from cbr2.generation.prompt import FALLBACK_VERSION, PROMPT_VERSION
 
 log = logging.getLogger(__name__)
@@ -73,24 +72,9 @@ def output_dir(cfg: DictConfig, bench: Benchmark, retrieval_only: bool = False, 
     return base / f"shard-{cfg.eval.shard}-of-{count}" if count > 1 else base
 
 
-def run_title(bench_name: str, cfg: DictConfig, retrieval_only: bool, ablation: str | None) -> str:
-    """First heading of ``report.md``."""
-    return f"{bench_name} · {'retrieval' if retrieval_only else cfg.llm.backend}" + (f" · {ablation}" if ablation else "")
-
-
 def wandb_name(cfg: DictConfig, bench_name: str, ablation: str | None) -> str:
     """``wandb.name``, else ``{benchmark}-{backend}-{ablation or 'run'}``."""
     return cfg.wandb.name or f"{bench_name}-{cfg.llm.backend}-{ablation or 'run'}"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a file beside it, renamed over it when complete.
-
-    An interrupted writer never leaves a half file that looks whole.
-    """
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def write_config(out: Path, cfg: DictConfig) -> None:
@@ -172,7 +156,7 @@ def provenance(cfg: DictConfig, bench: Benchmark, out: Path, selection: Sequence
     }
 
 
-def generation_key(cfg: DictConfig, backend: Any) -> str:
+def generation_key(section: DictConfig, backend: Any) -> str:
     """The predictions cache's second key: what besides the prompt decides a record.
 
     The backend's identity (backend, model, sampling parameters, grammar), the ``generation``
@@ -180,44 +164,28 @@ def generation_key(cfg: DictConfig, backend: Any) -> str:
     how it is scored) and, with the fallback on, the correction prompt's version.
 
     Args:
-        cfg: The resolved configuration.
+        section: The ``generation`` section.
         backend: The built backend (only its ``identity()`` is read; no weights load).
     """
-    ident: dict[str, Any] = {"backend": backend.identity(), "generation": OmegaConf.to_container(cfg.generation)}
-    if cfg.generation.fallback:
+    ident: dict[str, Any] = {"backend": backend.identity(), "generation": OmegaConf.to_container(section)}
+    if section.fallback:
         ident["fallback_version"] = FALLBACK_VERSION
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load_predictions(path: Path, repair: bool = False) -> dict[str, Prediction]:
-    """Records of an earlier (possibly interrupted) run, by question id (``records.read_records``).
-
-    A damaged last line (the process died mid-write) is dropped with a warning; with ``repair``
-    (the run about to append to the file) the file is also cut back to its last good record.
-    A question may appear again further down when its record was superseded: a fallback's
-    pending first pass by its final record, or a record whose prompt or generation key is no
-    longer this configuration's by one generated again. The newest record wins then.
-
-    Args:
-        path: The ``predictions.jsonl`` (missing: no records).
-        repair: Fix a damaged last line in the file itself (only its writer should).
+    """The prediction records of a run folder's ``predictions.jsonl`` by question id
+    (``records.load_records``: what a resumed run, a merge and a comparison read).
 
     Raises:
-        ValueError: Naming the file and line of a corrupt record before the last line, or both
-            lines of a question recorded twice with different content that supersedes nothing.
+        UserError: As ``records.load_records``.
     """
     # The reader checks only that a line is an object with an id; the runner wrote it as a Prediction.
-    return cast(dict[str, Prediction], records_by_id(path, read_records(path, repair=repair), supersedes=supersedes))
+    return cast(dict[str, Prediction], load_records(path, repair=repair))
 
 
-def supersedes(new: Record, old: Record) -> bool:
-    """Whether ``new`` may replace the earlier record ``old`` of the same question."""
-    stale = (new.get("prompt_hash"), new.get("generation_key")) != (old.get("prompt_hash"), old.get("generation_key"))
-    return stale or is_pending(old)
-
-
-def finish_run(out: Path, cfg: DictConfig, bench: Benchmark, prov: dict[str, Any], n: int,
-               records: Sequence[Prediction] | None = None, retrieval: dict[str, Any] | None = None
+def finish_run(out: Path, cfg: DictConfig, bench: Benchmark, prov: dict[str, Any], selection: Sequence[Question],
+               n: int, records: Sequence[Prediction] | None = None, retrieval: dict[str, Any] | None = None
                ) -> dict[str, Any]:
     """Compute a run's metrics and write its results: ``metrics.json``, ``report.md``, ``browser.html``, W&B.
 
@@ -227,11 +195,11 @@ def finish_run(out: Path, cfg: DictConfig, bench: Benchmark, prov: dict[str, Any
     no predictions to log.
 
     Args:
-        out: The run folder (``predictions.jsonl`` and ``retrieval.jsonl`` already written:
-            the browser reads them).
+        out: The run folder (``retrieval.jsonl`` already written: the browser reads it).
         cfg: The run's configuration (for a merge: the unsharded one).
-        bench: The benchmark (category order, report title, the browser's questions).
+        bench: The benchmark (category order, the browser's cases).
         prov: The ``provenance`` block.
+        selection: The whole selection (the browser's question texts and ``--show-prompt`` indexes).
         n: Number of questions judged.
         records: The final prediction records, in selection order; None for a retrieval-only run.
         retrieval: The ``retrieval`` block, None when nothing was retrieved.
@@ -250,8 +218,8 @@ def finish_run(out: Path, cfg: DictConfig, bench: Benchmark, prov: dict[str, Any
         metrics["provenance"] = prov
     ablation = prov.get("ablation")
     write_atomic(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-    write_report(out / "report.md", metrics, title=run_title(bench.name, cfg, records is None, ablation))
-    write_browser(out, bench)
+    write_report(out / "report.md", metrics)
+    write_browser(out, bench, records, selection)
     if records is None:
         return metrics
     if "shard" in prov:

@@ -206,9 +206,22 @@ def render_retrieval(block: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write_report(path: Path, metrics: dict[str, Any], title: str) -> None:
-    """Write ``report.md``."""
+def run_title(metrics: dict[str, Any], run_dir: Path) -> str:
+    """``benchmark · backend · ablation`` (``retrieval`` for a retrieval-only run) from the
+    provenance, else the folder's name: the first heading of ``report.md`` and the title of ``browser.html``."""
+    prov = metrics.get("provenance") or {}
+    cfg = prov.get("config") or {}
+    bench = (cfg.get("data") or {}).get("name")
+    if not bench:
+        return run_dir.name
+    kind = "retrieval" if "hits@1" not in metrics else (cfg.get("llm") or {}).get("backend")
+    return " · ".join(str(x) for x in (bench, kind, prov.get("ablation")) if x)
+
+
+def write_report(path: Path, metrics: dict[str, Any]) -> None:
+    """Write ``report.md`` (titled ``run_title``)."""
     # Generated text may hold a lone surrogate (predictions.jsonl escapes it); the report shows it escaped.
+    title = run_title(metrics, path.parent)
     path.write_text(render_report(metrics, title), encoding="utf-8", errors="backslashreplace")
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from cbr2.common.console import progress
 from cbr2.common.errors import UserError
@@ -26,7 +26,7 @@ from cbr2.config import canonical_ablation
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.questions import Question
 from cbr2.evaluation.metrics import linking_metrics, retrieval_metrics
-from cbr2.evaluation.records import Prediction, append_record
+from cbr2.evaluation.records import Prediction, append_record, is_pending
 from cbr2.evaluation.run_folder import (
     check_same_config,
     finish_run,
@@ -39,13 +39,13 @@ from cbr2.evaluation.run_folder import (
 from cbr2.evaluation.scoring import score_completion, unanswered
 from cbr2.evaluation.selection import resolve_shard, select_questions, shard_of
 from cbr2.generation.canonicalize import Canonicalizer, build_canonicalizer
-from cbr2.generation.fallback import build_correction, corrected, first_pass, is_pending
+from cbr2.generation.fallback import build_correction, corrected, first_pass
 from cbr2.generation.grammar import build_grammar
 from cbr2.generation.grounded import grounded_arguments, slot_candidates
 from cbr2.generation.prompt import PromptBuilder, prompt_hash
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.sketch import schema_items, sketch
-from cbr2.kopl.text import FORMATS, parse_text
+from cbr2.kopl.text import parse_text
 from cbr2.llm import backend_class, make_backend
 from cbr2.llm.base import PROMPT_TOO_LONG, Completion, Prompt
 from cbr2.retrieval.cases import VIEWS, Query
@@ -59,16 +59,16 @@ BATCH = 64
 """Questions per retrieval batch."""
 
 
-def _prepare(cfg: DictConfig, bench: Benchmark, retrieval_only: bool) -> None:
-    """Checks that fail fast, and the structural retriever resolved into the config."""
+def _prepare(cfg: DictConfig, bench: Benchmark, retrieval_only: bool) -> DictConfig:
+    """Checks that fail fast; the configuration with the structural retriever resolved (a new
+    one: the caller's is left as it is)."""
     if not retrieval_only:
         backend_class(cfg.llm.backend)  # a misspelt backend fails before minutes of retrieval
-        if cfg.prompt.format not in FORMATS:
-            raise ValueError(f"unknown prompt.format {cfg.prompt.format!r}; expected one of {', '.join(FORMATS)}")
     check_retrieval_config(cfg.retrieval)
     if retrieval_only or "structural" in CASE_MODES[cfg.retrieval.cases]:
         # Resolved once and saved in config.yaml, so the run records the exact retriever used.
-        cfg.structural.checkpoint = resolve_structural(cfg, bench)
+        return OmegaConf.merge(cfg, {"structural": {"checkpoint": resolve_structural(cfg, bench)}})
+    return cfg
 
 
 def build_prompts(cfg: DictConfig, questions: Sequence[Question], retrieved: dict[str, Retrieved]) -> list[Prompt]:
@@ -104,7 +104,7 @@ def show_prompt(cfg: DictConfig, index: int) -> str:
     questions = select_questions(bench, cfg)
     if not 0 <= index < len(questions):
         raise UserError(f"--show-prompt {index}: the selection has {len(questions)} questions (0..{len(questions) - 1})")
-    _prepare(cfg, bench, retrieval_only=False)
+    cfg = _prepare(cfg, bench, retrieval_only=False)
     question = questions[index]
     # On stderr (stdout is the prompt alone), so the prompt can be matched to predictions.jsonl.
     log.info("--show-prompt %d: question id %s (%s), number %d of the %d selected: %s", index, question.qid,
@@ -133,11 +133,12 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
     """
     ablation = canonical_ablation(ablation)
     bench = Benchmark(cfg.data.name, cfg.data.root)
-    resolve_shard(cfg)
+    shard, num_shards = resolve_shard(cfg.eval)
+    cfg = OmegaConf.merge(cfg, {"eval": {"shard": shard, "num_shards": num_shards}})  # as config.yaml records it
     selection = select_questions(bench, cfg)
-    questions = shard_of(selection, cfg.eval.shard, cfg.eval.num_shards)
+    questions = shard_of(selection, shard, num_shards)
     out = output_dir(cfg, bench, retrieval_only, ablation)
-    _prepare(cfg, bench, retrieval_only)
+    cfg = _prepare(cfg, bench, retrieval_only)
     out.mkdir(parents=True, exist_ok=True)
     # One writer per folder, from the config check to the last file: a second run (the same
     # command in two terminals, a requeued task whose first incarnation still runs) waits for it.
@@ -151,7 +152,7 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
         records: list[Prediction] | None = None  # None: a retrieval-only run
         if not retrieval_only:
             records = generate_and_score(cfg, bench, questions, build_prompts(cfg, questions, retrieved), out)
-        return finish_run(out, cfg, bench, prov, len(questions), records, retrieval)
+        return finish_run(out, cfg, bench, prov, selection, len(questions), records, retrieval)
 
 
 def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Question], prompts: Sequence[Prompt],
@@ -176,7 +177,7 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
     if gen.constrained:
         grammar = build_grammar(cfg, bench)
     backend = make_backend(cfg, questions, grammar=grammar)
-    gen_key = generation_key(cfg, backend)
+    gen_key = generation_key(cfg.generation, backend)
     hashes = [prompt_hash(p) for p in prompts]
     done = load_predictions(pred_path, repair=True)  # cuts a half-written last record before appending
     cached = {q.qid for q, h in zip(questions, hashes, strict=True)

@@ -70,28 +70,29 @@ def categories_of(bench: Benchmark) -> tuple[str, ...]:
     return KQAPRO_CATEGORIES if bench.family is KQAPRO else METAQA_CATEGORIES
 
 
-def resolve_shard(cfg: DictConfig) -> None:
-    """Fill ``eval.num_shards`` and ``eval.shard``: as configured, else from the SLURM job array
-    (task position of ``$SLURM_ARRAY_TASK_COUNT``), else one shard.
+def resolve_shard(section: DictConfig) -> tuple[int, int]:
+    """``(shard, num_shards)`` of a run: as configured, else from the SLURM job array (task
+    position of ``$SLURM_ARRAY_TASK_COUNT``), else one shard.
 
     Args:
-        cfg: The whole configuration; its ``eval`` section is completed in place.
+        section: The ``eval`` section (read, not changed).
 
     Raises:
         ConfigError: On a shard outside ``[0, num_shards)`` or only one of the two set outside an array.
     """
-    e = cfg.eval
-    if e.num_shards is None and e.shard is None:
-        e.shard, e.num_shards = array_task() or (0, 1)
-    elif e.shard is None:
+    shard, num_shards = section.shard, section.num_shards
+    if num_shards is None and shard is None:
+        shard, num_shards = array_task() or (0, 1)
+    elif shard is None:
         task = array_task()
-        if e.num_shards > 1 and task is None:
-            raise ConfigError(f"eval.num_shards={e.num_shards} needs eval.shard (0..{e.num_shards - 1}) outside a job array")
-        e.shard = task[0] if task and e.num_shards > 1 else 0
-    elif e.num_shards is None:
-        raise ConfigError(f"eval.shard={e.shard} needs eval.num_shards")
-    if e.num_shards < 1 or not 0 <= e.shard < e.num_shards:
-        raise ConfigError(f"eval.shard={e.shard} is not one of eval.num_shards={e.num_shards} shards (0..{e.num_shards - 1})")
+        if num_shards > 1 and task is None:
+            raise ConfigError(f"eval.num_shards={num_shards} needs eval.shard (0..{num_shards - 1}) outside a job array")
+        shard = task[0] if task and num_shards > 1 else 0
+    elif num_shards is None:
+        raise ConfigError(f"eval.shard={shard} needs eval.num_shards")
+    if num_shards < 1 or not 0 <= shard < num_shards:
+        raise ConfigError(f"eval.shard={shard} is not one of eval.num_shards={num_shards} shards (0..{num_shards - 1})")
+    return shard, num_shards
 
 
 def shard_of(questions: Sequence[Question], shard: int, num_shards: int) -> list[Question]:

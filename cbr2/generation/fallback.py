@@ -77,11 +77,6 @@ def fires(record: Prediction) -> bool:
     return record.get("error_kind") in FIRES_ON
 
 
-def is_pending(record: Prediction) -> bool:
-    """Whether a record is a first pass still waiting for its correction."""
-    return bool((record.get("fallback") or {}).get("pending"))
-
-
 def first_pass(record: Prediction) -> Prediction:
     """A scored first-pass record with the fallback fields: pending when it failed, else final."""
     single = {k: record.get(k) for k in SINGLE_PASS_FIELDS}
