@@ -250,7 +250,7 @@ def test_the_generation_section_keys_the_cache(fixer):
     for overrides in ([], ["generation.fallback=true"], ["generation.canonicalize=true"],
                       ["generation.constrained=true"], ["generation.max_lines=4"]):
         cfg = load_config([*BASE, *overrides])
-        keys.add(generation_key(cfg.generation, make_backend(cfg)))
+        keys.add(generation_key(cfg.generation, make_backend(cfg.llm)))
     assert len(keys) == 5
 
 

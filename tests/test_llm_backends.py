@@ -14,7 +14,8 @@ import pytest
 from conftest import FakeBackend
 from omegaconf import OmegaConf
 
-from cbr2.config import LLMConfig, load_config
+from cbr2.config import load_config
+from cbr2.config_schema import LLMConfig
 from cbr2.llm import BACKENDS, backend_class, make_backend
 from cbr2.llm.base import Backend, Prompt, token_cap
 
@@ -57,9 +58,9 @@ def test_built_backends_are_backends_without_loading_anything():
 
 def test_make_backend_builds_the_configured_backend(fake_backend):
     cfg = load_config(["llm.backend=fake"])
-    assert make_backend(cfg) is fake_backend and fake_backend.cfg.backend == "fake"
-    gold = make_backend(load_config(["llm.backend=gold"]))
-    assert isinstance(gold, Backend) and gold.identity() == {"backend": "gold", "format": "dag"}
+    assert make_backend(cfg.llm) is fake_backend and fake_backend.cfg.backend == "fake"
+    gold = make_backend(load_config(["llm.backend=gold"]).llm, program_format="chain")
+    assert isinstance(gold, Backend) and gold.identity() == {"backend": "gold", "format": "chain"}
 
 
 def test_the_fake_backend_replies_and_records(fake_backend):

@@ -114,7 +114,7 @@ def show_prompt(cfg: DictConfig, index: int) -> str:
         retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
         retrieved = {question.qid: retriever.retrieve([Query(question.qid, question.question)])[0]}
     (prompt,) = build_prompts(cfg, [question], retrieved)
-    return make_backend(cfg, [question]).render(prompt)
+    return make_backend(cfg.llm, [question], program_format=cfg.prompt.format).render(prompt)
 
 
 def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str | None = None) -> dict[str, Any]:
@@ -176,7 +176,7 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
     grammar = None
     if gen.constrained:
         grammar = build_grammar(cfg, bench)
-    backend = make_backend(cfg, questions, grammar=grammar)
+    backend = make_backend(cfg.llm, questions, grammar=grammar, program_format=cfg.prompt.format)
     gen_key = generation_key(cfg.generation, backend)
     hashes = [prompt_hash(p) for p in prompts]
     done = load_predictions(pred_path, repair=True)  # cuts a half-written last record before appending

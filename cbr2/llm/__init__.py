@@ -44,20 +44,21 @@ def backend_class(name: str) -> Callable[..., Backend]:
     return getattr(importlib.import_module(module), cls)
 
 
-def make_backend(cfg: Any, questions: Sequence[Question] = (), grammar: ProgramGrammar | None = None) -> Backend:
+def make_backend(section: Any, questions: Sequence[Question] = (), grammar: ProgramGrammar | None = None,
+                 program_format: str = "dag") -> Backend:
     """The configured backend, built but not loaded (weights load on the first ``generate``).
 
     Args:
-        cfg: The whole configuration (``cbr2.config.Config``); backends read ``cfg.llm``, the gold
-            writer ``cfg.prompt.format``.
+        section: The ``llm`` section (``cbr2.config_schema.LLMConfig``), which the backends read.
         questions: The evaluated questions; only ``gold`` reads them (their gold programs).
         grammar: Decode under this grammar (``generation.constrained``); ``hf``, ``vllm`` and
             ``openai`` honour it, ``gold`` writes gold programs and ignores it.
+        program_format: ``prompt.format``, the form the ``gold`` writer writes programs in.
 
     Raises:
         ConfigError: For an unknown ``llm.backend``.
     """
-    cls = backend_class(cfg.llm.backend)
-    if cfg.llm.backend == "gold":
-        return cls(cfg.prompt.format, {q.qid: q.program for q in questions})
-    return cls(cfg.llm, grammar=grammar) if grammar is not None else cls(cfg.llm)
+    cls = backend_class(section.backend)
+    if section.backend == "gold":
+        return cls(program_format, {q.qid: q.program for q in questions})
+    return cls(section, grammar=grammar) if grammar is not None else cls(section)
