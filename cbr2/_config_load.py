@@ -3,7 +3,7 @@ cannot, and words what fails.
 
 Private: import from ``cbr2.config`` (the public module re-exports ``ConfigError`` and
 ``validate``; ``load_config`` calls ``merge_layers``). Every key's valid values are declared
-once, on its field in ``cbr2.config``:
+once, on its field in the schema (``cbr2.config_schema``):
 
 * a closed vocabulary (``prompt.format``, ``retrieval.cases``, ``llm.dtype`` ...) is the
   ``Literal`` type of its field: OmegaConf rejects any other value as it merges, and
