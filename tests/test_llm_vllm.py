@@ -25,6 +25,7 @@ from cbr2.llm.vllm import (
     DEFAULT_MODEL,
     MEMORY_HEADROOM,
     MEMORY_SHARE,
+    TOO_LONG,
     VLLMBackend,
     cpu_engine_kwargs,
     cpu_environment,
@@ -56,6 +57,12 @@ class FakeEngine:
         self.llm, self.queue = llm, []
 
     def add_request(self, request_id, prompt, params):
+        limit = self.llm.kwargs.get("max_model_len")
+        if limit is not None and len(prompt) >= limit:  # a character is a token here, as in step()
+            # vLLM 0.32's VLLMValidationError is no ValueError: the backend must not rely on one.
+            raise RuntimeError(f"The decoder prompt (length {len(prompt)}) is longer than the maximum model "
+                               f"length of {limit}. Make sure that `max_model_len` is no smaller than the "
+                               "number of text tokens.")
         if not self.queue:
             self.llm.calls.append(([], params))
         self.llm.calls[-1][0].append(prompt)
@@ -231,6 +238,26 @@ def test_generate_one_batch_in_order(fake_vllm):
     backend.generate(PROMPTS[:1])
     assert len(fake_vllm.engines) == 1 and len(engine.calls) == 2  # the engine is built once
     assert backend.generate([]) == []
+
+
+def test_a_prompt_over_the_context_is_an_overflow_and_the_others_go_on(fake_vllm):
+    long = Prompt(qid="long", system="x" * 5000, user="question long\nProgram:")
+    prompts = [PROMPTS[0], long, PROMPTS[1]]
+    seen = []
+    got = VLLMBackend(_cfg(chat=False, max_model_len=4096)).generate(prompts, on_result=lambda i, c: seen.append(i))
+    assert [c.text for c in got] == ["Find(question 0)", "", "Find(question 1)"]
+    assert got[1].overflow.startswith("vLLM: The decoder prompt (length 5") and TOO_LONG in got[1].overflow
+    assert got[0].overflow is None and got[2].overflow is None
+    assert sorted(seen) == [0, 1, 2]  # the refused prompt is reported too, so the run records it
+
+
+def test_any_other_refusal_of_a_request_is_raised(fake_vllm, monkeypatch):
+    def refuse(self, request_id, prompt, params):
+        raise RuntimeError("This model does not support generation")
+
+    monkeypatch.setattr(FakeEngine, "add_request", refuse)
+    with pytest.raises(RuntimeError, match="does not support generation"):
+        VLLMBackend(_cfg(chat=False)).generate(PROMPTS[:1])
 
 
 def test_chat_rendering_turns_thinking_off(fake_vllm, fake_tokenizer):

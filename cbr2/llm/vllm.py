@@ -271,7 +271,12 @@ _REQUESTS = itertools.count()
 """Request ids unique within the process (one engine may serve several ``generate`` calls)."""
 
 
-def run_requests(llm: Any, texts: Sequence[str], params: Any, on_done: Callable[[int, Any], None]) -> None:
+TOO_LONG = "longer than the maximum model length"
+"""What vLLM's request validation says of a prompt that does not fit ``max_model_len``."""
+
+
+def run_requests(llm: Any, texts: Sequence[str], params: Any, on_done: Callable[[int, Any], None],
+                 on_refused: Callable[[int, str], None]) -> None:
     """Generates every text on ``llm``'s engine, calling ``on_done(index, RequestOutput)`` as
     each request finishes (``LLM.generate`` returns only when all have).
 
@@ -279,7 +284,10 @@ def run_requests(llm: Any, texts: Sequence[str], params: Any, on_done: Callable[
         llm: A ``vllm.LLM``.
         texts: The rendered prompts.
         params: One ``SamplingParams`` for all of them.
-        on_done: Called once per text, in finishing order.
+        on_done: Called once per accepted text, in finishing order.
+        on_refused: Called as ``on_refused(index, reason)`` for a text whose prompt does not fit
+            the engine's context: vLLM refuses it when it is added, and the other prompts of the
+            run go on (the runner records it as ``PROMPT_TOO_LONG``). Any other refusal is raised.
     """
     from vllm.sampling_params import RequestOutputKind
 
@@ -289,8 +297,14 @@ def run_requests(llm: Any, texts: Sequence[str], params: Any, on_done: Callable[
     index = {}
     for i, text in enumerate(texts):
         rid = f"cbr2-{batch}-{i}"
+        try:
+            engine.add_request(rid, text, params)
+        except Exception as e:  # vLLM's VLLMValidationError (not a ValueError in 0.32), refused at once
+            if TOO_LONG not in str(e):
+                raise
+            on_refused(i, f"vLLM: {e}")
+            continue
         index[rid] = i
-        engine.add_request(rid, text, params)
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
@@ -399,7 +413,12 @@ class VLLMBackend:
             if on_result is not None:
                 on_result(i, completions[i])
 
-        run_requests(llm, texts, vllm.SamplingParams(**kwargs), done)
+        def refused(i: int, reason: str) -> None:
+            completions[i] = Completion("", overflow=reason)
+            if on_result is not None:
+                on_result(i, completions[i])
+
+        run_requests(llm, texts, vllm.SamplingParams(**kwargs), done, refused)
         missing = [i for i, c in enumerate(completions) if c is None]
         if missing:
             raise RuntimeError(f"vLLM finished without an output for prompt(s) {missing}")
