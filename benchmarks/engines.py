@@ -64,7 +64,7 @@ def build_prompts(n: int, overrides: list[str]) -> list[dict[str, str]]:
     cfg = _prepare(cfg, bench, retrieval_only=False)  # with the structural retriever resolved
     retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
     retrieved = {r.query.qid: r for r in retriever.retrieve([Query(q.qid, q.question) for q in questions])}
-    return [{"qid": p.qid, "system": p.system, "user": p.user} for p in build_prompts(cfg, questions, retrieved)]
+    return [{"qid": p.qid, "system": p.system, "user": p.user} for p in build_prompts(cfg.prompt, cfg.generation, questions, retrieved)]
 
 
 def _llm_cfg(model: str, max_new_tokens: int) -> object:

@@ -65,7 +65,7 @@ def default_prompts():
     cfg = _prepare(cfg, bench, retrieval_only=False)  # with the structural retriever resolved
     retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
     retrieved = {r.query.qid: r for r in retriever.retrieve([Query(q.qid, q.question) for q in questions])}
-    return cfg, bench, build_prompts(cfg, questions, retrieved)
+    return cfg, bench, build_prompts(cfg.prompt, cfg.generation, questions, retrieved)
 
 
 @pytest.fixture(scope="module")

@@ -71,15 +71,22 @@ def _prepare(cfg: DictConfig, bench: Benchmark, retrieval_only: bool) -> DictCon
     return cfg
 
 
-def build_prompts(cfg: DictConfig, questions: Sequence[Question], retrieved: dict[str, Retrieved]) -> list[Prompt]:
+def build_prompts(prompt: DictConfig, generation: DictConfig, questions: Sequence[Question],
+                  retrieved: dict[str, Retrieved]) -> list[Prompt]:
     """One prompt per question, from its text and what retrieval returned for it.
 
     The builder is given ``Query(id, text)`` for the target question, never the question
     itself: its gold program and answer cannot reach the prompt.
+
+    Args:
+        prompt: The ``prompt`` section (program format, triples per case).
+        generation: The ``generation`` section (grounded decoding shows its candidates).
+        questions: The questions, in order.
+        retrieved: What retrieval returned, by question id (a question without it gets none).
     """
-    builder = PromptBuilder(cfg.prompt.format, cfg.prompt.case_triples)
+    builder = PromptBuilder(prompt.format, prompt.case_triples)
     empty = Retrieved(Query("", ""), Knowledge(), [])
-    ground = cfg.generation.grounded and cfg.generation.constrained
+    ground = generation.grounded and generation.constrained
     prompts = []
     for q in questions:
         item = retrieved.get(q.qid, empty)
@@ -113,7 +120,7 @@ def show_prompt(cfg: DictConfig, index: int) -> str:
     if _retrieves(cfg.retrieval):
         retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
         retrieved = {question.qid: retriever.retrieve([Query(question.qid, question.question)])[0]}
-    (prompt,) = build_prompts(cfg, [question], retrieved)
+    (prompt,) = build_prompts(cfg.prompt, cfg.generation, [question], retrieved)
     return make_backend(cfg.llm, [question], program_format=cfg.prompt.format).render(prompt)
 
 
@@ -151,7 +158,7 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
         retrieval, retrieved = run_retrieval(cfg, bench, questions, out, extra_views=VIEWS if retrieval_only else ())
         records: list[Prediction] | None = None  # None: a retrieval-only run
         if not retrieval_only:
-            records = generate_and_score(cfg, bench, questions, build_prompts(cfg, questions, retrieved), out)
+            records = generate_and_score(cfg, bench, questions, build_prompts(cfg.prompt, cfg.generation, questions, retrieved), out)
         return finish_run(out, cfg, bench, prov, selection, len(questions), records, retrieval)
 
 
