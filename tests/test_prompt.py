@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from cbr2.config import ABLATIONS, CONFIG_DIR, Config, ConfigError, ablation_file, load_config
+from cbr2.config import ABLATIONS, CONFIG_DIR, ConfigError, ablation_file, load_config
 from cbr2.data.benchmarks import Benchmark
 from cbr2.evaluation.runner import select_questions
 from cbr2.generation.prompt import PROGRAM_SLOT, PromptBuilder, program_text, prompt_hash, system_text
@@ -110,10 +110,6 @@ def test_every_ablation_is_a_small_delta_and_unknown_names_list_the_valid_ones()
         assert changed == delta, name
     with pytest.raises(ConfigError, match=r"unknown ablation 'w/o_case'; valid: full, chain, w/o_reasoning_case"):
         ablation_file("w/o_case")
-
-
-def test_evaluate_yaml_mirrors_the_schema_defaults():
-    assert load_config([], files=[CONFIG_DIR / "evaluate.yaml"]) == load_config([], schema=Config)
 
 
 # ---------------------------------------------------------------- the balanced sample

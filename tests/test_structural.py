@@ -242,10 +242,6 @@ def test_find_checkpoint_picks_newest_of_the_dataset(tmp_path, caplog):
 
 # ---------------------------------------------------------------------------- train()
 
-def test_train_yaml_mirrors_the_defaults():
-    assert load_config([], files=[CONFIG_DIR / "train.yaml"], schema=TrainConfig) == load_config([], schema=TrainConfig)
-
-
 def _cfg(tiny_root, tmp_path, *extra):
     return load_config([
         "data.name=kqapro", f"data.root={tiny_root}", "structural.holdout=0.25", "structural.pairs_per_epoch=16",
