@@ -134,10 +134,11 @@ class GenerationConfig:
     nearest valid item (``cbr2.generation.canonicalize``)."""
     canonicalize_threshold: float = bounded(0.8, 0, 1)
     """Least similarity (0-1, lexical and embedding) for a snap; below it the argument is kept."""
-    grounded: bool = True
+    grounded: bool = False
     """Under the grammar, ``Find`` arguments and literal values drawn from what the question names
     (``cbr2.generation.grounded``, needs ``retrieval.link``; the ``llamacpp`` backend); a kind
-    linking found nothing for is left to the grammar."""
+    linking found nothing for is left to the grammar. Off until a validation sweep shows it helps
+    (docs/cpu-default.md, "Grounded single pass")."""
     fallback: bool = False
     """When the single-pass program fails (syntax, type or execution error, empty answer), one
     correction round with the error and the nearest valid schema items."""
@@ -201,10 +202,11 @@ class RetrievalConfig:
     """Seed of ``cases=random``."""
     cache_dir: str | None = None
     """Embedding/index cache; ``$CBR2_CACHE_DIR`` or ``~/.cache/cbr2`` when unset."""
-    link: bool = True
+    link: bool = False
     """Link each question to the KB entities, concepts and values it names (``cbr2.retrieval.linking``):
     shown with every question of the prompt, their facts first among the K_f, the candidates of
-    grounded decoding."""
+    grounded decoding. Off until a validation sweep shows it helps (docs/cpu-default.md,
+    "Grounded single pass"); with it on, ``--retrieval-only`` prints linking precision and recall."""
 
 
 @dataclass
