@@ -145,8 +145,12 @@ def test_stop_strings_cut_the_text_and_the_cap_holds(smollm2):
 
 
 @pytest.mark.slow
-def test_a_prompt_longer_than_the_context_names_the_question(smollm2):
+def test_a_prompt_longer_than_the_context_is_an_overflow_and_the_next_goes_on(smollm2):
     small = LlamaCppBackend(cfg(max_model_len=64))
     small._llm = smollm2.model()
-    with pytest.raises(ValueError, match="question q0: its prompt has .* tokens, more than the context of 64"):
-        small.generate(prompts()[:1])
+    seen = []
+    long, short = prompts()[0], Prompt("q9", "", "Hi")
+    got = small.generate([long, short], on_result=lambda i, c: seen.append(i))
+    assert got[0].text == "" and got[0].completion_tokens == 0 and got[0].prompt_tokens >= 64
+    assert got[0].overflow.startswith(f"the prompt has {got[0].prompt_tokens} tokens, the context 64")
+    assert got[1].overflow is None and got[1].prompt_tokens < 64 and seen == [0, 1]

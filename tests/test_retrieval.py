@@ -266,9 +266,10 @@ def test_retrieval_never_sees_the_gold_programs_or_answers_of_the_evaluated_spli
         q["program"], q["answer"] = other["program"], other["answer"] + " (tampered)"
     (tampered / "val.json").write_text(json.dumps(val))
 
-    m_honest, r_honest = _retrieval_run(tmp_path, honest, "kqapro", "eval.limit=40")
+    # With linking on (off by default), so that it is proven blind to them too.
+    m_honest, r_honest = _retrieval_run(tmp_path, honest, "kqapro", "eval.limit=40", "retrieval.link=true")
     shutil.move(tmp_path / "kqapro", tmp_path / "kqapro-honest")
-    m_tampered, r_tampered = _retrieval_run(tmp_path, tampered, "kqapro", "eval.limit=40")
+    m_tampered, r_tampered = _retrieval_run(tmp_path, tampered, "kqapro", "eval.limit=40", "retrieval.link=true")
     assert r_honest == r_tampered, "retrieved cases or triples changed with the gold programs"
     records = [json.loads(line) for line in r_honest.splitlines()]
     assert len(records) == 40 and all(r["facts"] and r["ontology"] and r["cases"] for r in records)
@@ -294,7 +295,7 @@ def test_prompts_never_see_the_gold_programs_or_answers_of_the_evaluated_split(t
         fake_backend.prompts.clear()
         cfg = load_config(["data.name=kqapro", f"data.root={root}", f"output_dir={tmp_path / name / 'run'}",
                            BACKBONE, "llm.backend=fake", "generation.constrained=false", "eval.per_category=null", "eval.limit=18",
-                           "wandb.mode=disabled"])
+                           "retrieval.link=true", "wandb.mode=disabled"])  # linking must not see them either
         metrics = run_evaluation(cfg)
         prompts[name] = [fake_backend.render(p) for p in fake_backend.prompts]
         assert len(prompts[name]) == metrics["n"] == 18

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cbr2.common.console import did_you_mean
-from cbr2.common.cpus import idle_threads
 from cbr2.common.errors import ConfigError
 from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, stop_strings, token_cap
 from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, gguf_fingerprint, gguf_path
@@ -204,10 +204,13 @@ class LlamaCppBackend:
     # --- the model -----------------------------------------------------------------------------
 
     def model(self) -> Any:
-        """The llama.cpp model, loaded on first use with the CPUs this process may run on that
-        other jobs leave idle (``idle_threads``)."""
+        """The llama.cpp model, loaded on first use with a thread per CPU this process may run on.
+
+        Never fewer because other jobs load the machine: the thread count changes llama.cpp's
+        float sums and so can change a greedy text (a Slurm shard and the unsharded run of the
+        same questions then disagree), and a printed number must not depend on the load."""
         if self._llm is None:
-            threads = idle_threads()
+            threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
             start = time.perf_counter()
             self._llm = self._llama(n_ctx=self.n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
                                     flash_attn=True, seed=self.seed)

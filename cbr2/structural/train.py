@@ -18,7 +18,6 @@ import hashlib
 import inspect
 import json
 import logging
-import os
 import re
 import time
 from pathlib import Path
@@ -33,7 +32,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from cbr2.cluster import slurm
 from cbr2.common.console import progress, route_library_loggers
-from cbr2.common.cpus import idle_threads
 from cbr2.config import ConfigError, git_hash
 from cbr2.evaluation.tracking import announce, wandb_mode
 from cbr2.structural.checkpoints import export_checkpoint
@@ -285,7 +283,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         ValueError: On data that cannot make training and validation pairs.
     """
     started = time.perf_counter()
-    _use_idle_cpus()
     L.seed_everything(cfg.seed, workers=True)
     rid = run_id(cfg)
     out = Path(cfg.output_dir) if cfg.output_dir else Path("outputs") / "train" / cfg.data.name / rid
@@ -337,17 +334,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                  result["best"].get(MONITOR, float("nan")), baseline.get(MONITOR, float("nan")),
                  result["pairs_per_s"], result["elapsed_s"])
     return result
-
-
-def _use_idle_cpus() -> None:
-    """On a CPU, fewer torch threads where other jobs keep CPUs busy (``cbr2.common.cpus``); never more than set."""
-    if torch.cuda.is_available():
-        return
-    threads = idle_threads()
-    if threads < torch.get_num_threads():
-        log.info("training on %d CPU thread(s) of %d: other jobs keep the rest busy (load %.1f)", threads,
-                 torch.get_num_threads(), os.getloadavg()[0])
-        torch.set_num_threads(threads)
 
 
 def _fit(trainer: Any, module: StructuralRetriever, dm: PairDataModule, kwargs: dict[str, Any], out: Path,
