@@ -45,16 +45,39 @@ def _ids(path: Path) -> list[str]:
     return [record["id"] for _, record in read_records(path)]
 
 
+def _until(proc: subprocess.Popen, text: str, timeout_s: float = 300) -> str:
+    """``proc``'s stderr read up to and including the first line holding ``text``."""
+    seen, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:  # ended without it
+            break
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+    raise AssertionError(f"no line with {text!r} in: {''.join(seen)[-2000:]}")
+
+
 @pytest.mark.slow
 def test_two_runs_started_together_leave_one_record_per_question(tmp_path):
     out = tmp_path / "run"
+    out.mkdir()
+    # A third process holds the folder until both runs wait for it, so the two overlap on any
+    # machine (a quiet one may finish a gold run before a second interpreter has started).
+    holder = _hold(out)
     procs = [_evaluate(out) for _ in range(2)]
+    try:
+        waited = [_until(p, f"is being written by pid {holder.pid}") for p in procs]
+    finally:
+        holder.kill()
+        holder.wait()
     results = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
     ids = _ids(out / "predictions.jsonl")
     assert len(ids) == len(set(ids)) == 450
-    # The second one waited for the first (naming it), then found every answer cached.
-    assert sum("is being written by pid" in err for _, err in results) == 1
+    # Both were in the folder's queue at once; the one that took it second found every answer cached.
+    logs = [before + err for before, (_, err) in zip(waited, results)]
+    assert sorted(" 450 cached in " in log and "), 0 to generate" in log for log in logs) == [False, True], logs
     assert [out.split()[:2] for out, _ in results] == [["Hits@1", "1.0000"]] * 2
     # A third run of the folder reads it back without complaint.
     third = _evaluate(out)
