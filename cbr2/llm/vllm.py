@@ -408,17 +408,14 @@ class VLLMBackend:
             kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
         completions: list[Completion | None] = [None] * len(texts)
 
-        def done(i: int, out: Any) -> None:
-            (completions[i],) = parse_outputs([out], self.stop)
+        def deliver(i: int, completion: Completion) -> None:
+            completions[i] = completion
             if on_result is not None:
-                on_result(i, completions[i])
+                on_result(i, completion)
 
-        def refused(i: int, reason: str) -> None:
-            completions[i] = Completion("", overflow=reason)
-            if on_result is not None:
-                on_result(i, completions[i])
-
-        run_requests(llm, texts, vllm.SamplingParams(**kwargs), done, refused)
+        run_requests(llm, texts, vllm.SamplingParams(**kwargs),
+                     on_done=lambda i, out: deliver(i, parse_outputs([out], self.stop)[0]),
+                     on_refused=lambda i, reason: deliver(i, Completion("", overflow=reason)))
         missing = [i for i, c in enumerate(completions) if c is None]
         if missing:
             raise RuntimeError(f"vLLM finished without an output for prompt(s) {missing}")
