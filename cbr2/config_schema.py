@@ -134,11 +134,11 @@ class GenerationConfig:
     nearest valid item (``cbr2.generation.canonicalize``)."""
     canonicalize_threshold: float = bounded(0.8, 0, 1)
     """Least similarity (0-1, lexical and embedding) for a snap; below it the argument is kept."""
-    grounded: bool = False
+    grounded: bool = True
     """Under the grammar, ``Find`` arguments and literal values drawn from what the question names
     (``cbr2.generation.grounded``, needs ``retrieval.link``; the ``llamacpp`` backend); a kind
-    linking found nothing for is left to the grammar. Off until a validation sweep shows it helps
-    (docs/cpu-default.md, "Grounded single pass")."""
+    linking found nothing for is left to the grammar. Chosen on validation with linking and
+    masking (docs/cpu-default.md, "Grounded single pass")."""
     fallback: bool = False
     """When the single-pass program fails (syntax, type or execution error, empty answer), one
     correction round with the error and the nearest valid schema items."""
@@ -202,11 +202,15 @@ class RetrievalConfig:
     """Seed of ``cases=random``."""
     cache_dir: str | None = None
     """Embedding/index cache; ``$CBR2_CACHE_DIR`` or ``~/.cache/cbr2`` when unset."""
-    link: bool = False
+    link: bool = True
     """Link each question to the KB entities, concepts and values it names (``cbr2.retrieval.linking``):
     shown with every question of the prompt, their facts first among the K_f, the candidates of
-    grounded decoding. Off until a validation sweep shows it helps (docs/cpu-default.md,
-    "Grounded single pass"); with it on, ``--retrieval-only`` prints linking precision and recall."""
+    grounded decoding (docs/cpu-default.md, "Grounded single pass"); ``--retrieval-only`` then
+    prints linking precision and recall."""
+    mask_mentions: bool = True
+    """Case retrieval (both views) compares questions with their linked entities and values replaced
+    by their types (``Linker.mask``: ``who directed [movie]``), so that cases share the question's
+    intent rather than its topic; knowledge retrieval still sees the question as written."""
 
 
 @dataclass

@@ -147,7 +147,8 @@ def test_paper_yaml_holds_the_papers_setting():
     r = cfg.retrieval
     assert (r.k_ontology, r.k_facts, r.k_semantic, r.k_structural, r.encoder) == (10, 10, 5, 5, "BAAI/bge-m3")
     assert (cfg.llm.backend, cfg.llm.temperature, cfg.eval.per_category, cfg.eval.sample_seed) == ("vllm", 0.0, 100, 123)
-    assert not cfg.retrieval.link and not cfg.generation.constrained  # the paper's prompt and single pass
+    # The paper's prompt and single pass: none of the CPU default's grounding.
+    assert not (cfg.retrieval.link or cfg.retrieval.mask_mentions or cfg.generation.constrained or cfg.generation.grounded)
 
 
 def test_the_correction_prompt_extends_the_original_with_the_failure():

@@ -328,7 +328,7 @@ def run_retrieval(cfg: DictConfig, bench: Benchmark, questions: list[Question], 
         ontology_terms=[{t for tr in item.knowledge.ontology for t in tr.terms} for item in retrieved],
         fact_terms=[{t for tr in item.knowledge.facts for t in tr.terms} for item in retrieved],
     )
-    if retriever.linker is not None:
+    if retriever.cfg.link:
         block["linking"] = linking_metrics([q.program for q in questions],
                                            [{"entities": item.links.entities, "values": item.links.all_values()}
                                             for item in retrieved])

@@ -64,19 +64,23 @@ class CaseRetriever:
         device: Where searches run.
         batch_size: Encoder batch size for the pool.
         seed: Seed of the ``random`` view.
+        texts: Per view, the pool's texts as that view encodes them (default: the questions
+            as written; masked ones with ``retrieval.mask_mentions``).
     """
 
     def __init__(self, pool: Sequence[Question], store: EmbeddingStore, encoders: dict[str, tuple[str, object]],
-                 index_kind: str = "flat", device: str = "cpu", batch_size: int = 64, seed: int = 0):
+                 index_kind: str = "flat", device: str = "cpu", batch_size: int = 64, seed: int = 0,
+                 texts: dict[str, list[str]] | None = None):
         self.pool = list(pool)
         self.seed = seed
         self._position = {q.qid: i for i, q in enumerate(self.pool)}
         self._indexes = {}
         self.embeddings: dict[str, np.ndarray] = {}
         """The pool's embeddings per view (the knowledge retriever reuses the semantic ones)."""
-        texts = [q.question for q in self.pool]
+        written = [q.question for q in self.pool]
         for view, (name, model) in encoders.items():
-            self.embeddings[view], index = store.get("cases", texts, name, weights_fingerprint(model),
+            view_texts = (texts or {}).get(view, written)
+            self.embeddings[view], index = store.get("cases", view_texts, name, weights_fingerprint(model),
                                  lambda t, m=model: encode(m, t, batch_size), index_kind)
             self._indexes[view] = to_device(index, device)
 

@@ -108,9 +108,14 @@ class Linker:
         self.concepts: dict[tuple[str, ...], str] = {}
         self.strings: dict[tuple[str, ...], set[str]] = defaultdict(set)
         concept_names = {c["name"] for c in kb.concepts.values()}
+        self.entity_type: dict[str, str] = {}
+        """Entity name → the name of its first concept (what ``mask`` writes in its place)."""
         units: set[str] = set()
         for ent in kb.entities.values():
             self.entities[_key(ent["name"])].add(ent["name"])
+            concept = kb.concepts.get(next(iter(ent.get("instanceOf") or ()), None))
+            if concept and ent["name"] not in self.entity_type:
+                self.entity_type[ent["name"]] = concept["name"]
             for fact in (*ent.get("attributes", []), *ent.get("relations", [])):
                 for value in (fact.get("value"), *(v for vs in fact.get("qualifiers", {}).values() for v in vs)):
                     if value is None:
@@ -130,24 +135,51 @@ class Linker:
 
     def link(self, question: str) -> Links:
         """The entities, concepts and values of one question."""
+        return self._link(question)[0]
+
+    def mask(self, question: str) -> str:
+        """The question with each linked entity and value replaced by its type in brackets.
+
+        ``what films did [Jason Flemyng] star in`` → ``what films did [person] star in``;
+        ``Which rivers are longer than 3715 km?`` keeps ``rivers`` (a concept says what is asked)
+        and writes ``[quantity]`` for the number. Two questions of one template about different
+        items then read alike, which is what the semantic case view should compare: without
+        masking, its nearest questions are often about the same item with another program.
+        An entity's type is its first concept in the KB (``entity`` when it has none).
+        """
+        _, spans = self._link(question)
+        out, end = [], 0
+        for start, stop, label in sorted(spans):
+            if start < end:
+                continue  # nested in a span already replaced
+            out += [question[end:start], f"[{label}]"]
+            end = stop
+        return "".join(out) + question[end:]
+
+    def _link(self, question: str) -> tuple[Links, list[tuple[int, int, str]]]:
+        """The links of one question and the mention spans ``(start, end, type)`` they came from."""
         toks = tokens(question)
-        values, taken = self._values(question, toks)
-        bracketed = [m.group(1) for m in _BRACKETS.finditer(question)]
+        values, taken, value_spans = self._values(question, toks)
+        bracketed = list(_BRACKETS.finditer(question))
         if bracketed:
-            entities = [n for text in bracketed for n in sorted(self.entities.get(_key(text), ()))]
+            entity_spans = [(m.start(), m.end(), sorted(self.entities.get(_key(m.group(1)), ()))) for m in bracketed]
+            entity_spans = [s for s in entity_spans if s[2]]
         else:
-            entities = self._names(question, toks, self.entities, taken)
+            entity_spans = self._names(question, toks, self.entities, taken)
+        entities = [n for _, _, keep in entity_spans for n in keep]
         concept_spans = self._matches(toks, self.concepts, self.longest)
         concepts = [name for _, _, name in concept_spans]
         # A string value is not part of a concept's or an entity's name ("basketball team").
         taken = taken + [(s, e) for s, e, _ in concept_spans]
-        strings = [question[s:e] for s, e, _ in _maximal(
+        string_spans = [(s, e) for s, e, _ in _maximal(
             [(s, e, v) for s, e, v in self._matches(toks, self.strings, self.longest)
              if _plausible(question, s, e, taken) and (question[s:e] in v or not _cased(question))])
             if question[s:e] not in entities]
-        strings += [m.group(1).strip() for m in _QUOTED.finditer(question)]
-        values["string"] = tuple(dict.fromkeys(strings))
-        return Links(tuple(dict.fromkeys(entities)), tuple(dict.fromkeys(concepts)), values)
+        string_spans += [m.span(1) for m in _QUOTED.finditer(question)]
+        values["string"] = tuple(dict.fromkeys(question[s:e].strip() for s, e in string_spans))
+        spans = [(s, e, self.entity_type.get(keep[0], "entity")) for s, e, keep in entity_spans]
+        spans += value_spans + [(s, e, "text") for s, e in string_spans]
+        return Links(tuple(dict.fromkeys(entities)), tuple(dict.fromkeys(concepts)), values), spans
 
     @staticmethod
     def _matches(toks: list[tuple[str, int, int]], table: dict, longest: int) -> list[tuple[int, int, object]]:
@@ -162,8 +194,8 @@ class Linker:
         return found
 
     def _names(self, question: str, toks: list[tuple[str, int, int]], table: dict,
-               taken: list[tuple[int, int]]) -> list[str]:
-        """Entity names matched outside the value spans ``taken``, longest of nested matches."""
+               taken: list[tuple[int, int]]) -> list[tuple[int, int, list[str]]]:
+        """Entity matches ``(start, end, names)`` outside the value spans ``taken``, longest of nested ones."""
         cased = _cased(question)
         spans = []
         for start, end, names in self._matches(toks, table, self.longest):
@@ -178,12 +210,12 @@ class Linker:
                 keep = sorted(names)
             if keep:
                 spans.append((start, end, keep))
-        return [n for _, _, keep in _maximal(spans) for n in keep]
+        return _maximal(spans)
 
     def _values(self, question: str, toks: list[tuple[str, int, int]]
-                ) -> tuple[dict[str, tuple[str, ...]], list[tuple[int, int]]]:
-        """Quantities, years and dates, and the character spans they cover."""
-        quantities, years, dates, taken = [], [], [], []
+                ) -> tuple[dict[str, tuple[str, ...]], list[tuple[int, int]], list[tuple[int, int, str]]]:
+        """Quantities, years and dates, the character spans they cover, and those spans typed."""
+        quantities, years, dates, taken, typed = [], [], [], [], []
         for pattern, order in _DATES:
             for m in pattern.finditer(question):
                 parts = dict(zip(order, m.groups(), strict=True))
@@ -192,6 +224,7 @@ class Linker:
                 if 1 <= month <= 12 and 1 <= day <= 31:
                     dates.append(f"{year:04d}-{month:02d}-{day:02d}")
                     taken.append(m.span())
+                    typed.append((*m.span(), "date"))
         low = [t.lower() for t, _, _ in toks]
         for m in _NUMBER.finditer(question):
             if any(a <= m.start() and m.end() <= b for a, b in taken):
@@ -208,12 +241,14 @@ class Linker:
                 if unit:
                     end = toks[i + len(unit) - 2][2]
             quantities.append(f"{number} {unit[-1]}" if unit else number)
-            if not unit and re.fullmatch(r"\d{1,4}", m.group()):
+            year = not unit and re.fullmatch(r"\d{1,4}", m.group())
+            if year:
                 years.append(m.group())
             taken.append((m.start(), end))
+            typed.append((m.start(), end, "year" if year and len(m.group()) == 4 else "quantity"))
         values = {"quantity": tuple(dict.fromkeys(quantities)), "year": tuple(dict.fromkeys(years)),
                   "date": tuple(dict.fromkeys(dates))}
-        return values, taken
+        return values, taken, typed
 
 
 def _cased(question: str) -> bool:

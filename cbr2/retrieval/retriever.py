@@ -118,10 +118,13 @@ class Retriever:
             self.knowledge = KnowledgeRetriever(bench.kb, model, name, store, cfg.k_ontology, cfg.k_facts,
                                                 cfg.index, device, cfg.batch_size)
         case_encoders = {v: self.encoders[v] for v in ("semantic", "structural") if v in self.views}
-        self.cases = CaseRetriever(self.pool, store, case_encoders, cfg.index, device, cfg.batch_size, cfg.seed)
+        self.linker = Linker(bench.kb) if cfg.link or cfg.mask_mentions else None
+        self.masked = cfg.mask_mentions
+        masked_pool = [self.linker.mask(q.question) for q in self.pool] if self.masked else None
+        texts = dict.fromkeys(case_encoders, masked_pool) if self.masked else None
+        self.cases = CaseRetriever(self.pool, store, case_encoders, cfg.index, device, cfg.batch_size, cfg.seed, texts)
         self._case_knowledge: dict[int, Knowledge] = {}
         self._pool_embeddings: np.ndarray | None = None
-        self.linker = Linker(bench.kb) if cfg.link else None
         self._case_links: dict[str, Links] = {}
 
     def _k(self, view: str) -> int:
@@ -137,18 +140,23 @@ class Retriever:
         # One question per forward pass: padded batches change the last bits of an embedding
         # with its batch-mates, which can swap near-tied cases, so a question's prompt would
         # depend on which other questions are evaluated with it (eval.limit, shards).
-        embeddings = {view: encode(model, [q.text for q in queries], 1, progress=False)
-                      for view, (_, model) in self.encoders.items()}
-        links = [self.linker.link(q.text) for q in queries] if self.linker else None
+        texts = [q.text for q in queries]
+        embeddings = {view: encode(model, texts, 1, progress=False) for view, (_, model) in self.encoders.items()
+                      if not self.masked or view == "semantic"}
+        links = [self.linker.link(q.text) for q in queries] if self.cfg.link else None
         knowledge = (self.knowledge.retrieve(embeddings["semantic"], [l.entities for l in links] if links else None)
                      if self.knowledge else [Knowledge()] * len(queries))
-        rankings = {view: self.cases.rank(view, queries, self._depth(view), embeddings.get(view)) for view in self.views}
+        by_view = embeddings
+        if self.masked:  # cases are compared by what is asked, knowledge by what is named
+            masked = [self.linker.mask(t) for t in texts]
+            by_view = {view: encode(model, masked, 1, progress=False) for view, (_, model) in self.encoders.items()}
+        rankings = {view: self.cases.rank(view, queries, self._depth(view), by_view.get(view)) for view in self.views}
         out = []
         for i, query in enumerate(queries):
             mine = {view: rankings[view][i] for view in self.views}
             cases = self.cases.merge({view: mine[view][: self._k(view)] for view in self.case_views})
             item = Retrieved(query, knowledge[i], cases, rankings=mine, links=links[i] if links else None)
-            if self.linker:
+            if self.cfg.link:
                 item.case_links = [self._link_case(c.question) for c in cases]
             out.append(item)
         self._add_case_knowledge(out)
@@ -163,10 +171,10 @@ class Retriever:
     def _pool_semantic(self) -> np.ndarray:
         """The pool's questions in the knowledge encoder's space, loaded once.
 
-        The semantic case view holds them already; without it they come from the cache (or
-        are computed and cached).
+        The semantic case view holds them already unless it encodes masked questions; otherwise
+        they come from the cache (or are computed and cached).
         """
-        if self._pool_embeddings is None:
+        if self._pool_embeddings is None and not self.masked:
             self._pool_embeddings = self.cases.embeddings.get("semantic")
         if self._pool_embeddings is None:
             name, model = self.encoders["semantic"]
@@ -184,7 +192,7 @@ class Retriever:
         position = {q.qid: i for i, q in enumerate(self.pool)}
         missing = sorted({position[c.question.qid] for item in items for c in item.cases} - self._case_knowledge.keys())
         if missing:
-            linked = [self._link_case(self.pool[i]).entities for i in missing] if self.linker else None
+            linked = [self._link_case(self.pool[i]).entities for i in missing] if self.cfg.link else None
             found = self.knowledge.retrieve(np.ascontiguousarray(self._pool_semantic()[missing]), linked)
             self._case_knowledge.update(zip(missing, found, strict=True))
         for item in items:
