@@ -262,6 +262,12 @@ def _linking_stages(stage, kb, folder: Path) -> None:
                                  [{"entities": lk.entities, "values": lk.all_values()} for lk in links])
         row["linking"] = {g: (round(m["precision"], 3), round(m["recall"], 3)) for g, m in scores.items()}
         row["questions"] = len(questions)
+    with stage("masking, every question (retrieval.mask_mentions)") as row:
+        start = time.perf_counter()
+        for q in questions:
+            linker.mask(q.question)
+        row["masking_ms"] = 1e3 * (time.perf_counter() - start) / max(1, len(questions))
+        row["questions"] = len(questions)
 
 
 def _executor_stages(stage, kb, folder: Path, state: dict) -> None:
@@ -556,6 +562,8 @@ def _note(row: dict) -> str:
     if "linking_ms" in row:
         parts.append(f"{row['questions']} questions, {row['linking_ms']:.2f} ms per question; precision / recall: "
                      + ", ".join(f"{g} {p:.3f} / {r:.3f}" for g, (p, r) in row["linking"].items()))
+    if "masking_ms" in row:
+        parts.append(f"{row['questions']} questions, {row['masking_ms']:.2f} ms per question")
     if "tokenizer_tokens" in row:
         parts.append(f"tokenizer of {row['tokenizer_tokens']:,} tokens")
     if "per_category" in row:

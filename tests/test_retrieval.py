@@ -336,8 +336,8 @@ def test_masked_mentions_bring_cases_of_the_questions_own_template(tmp_path):
         records = [json.loads(line) for line in lines.splitlines()]
         same[mask] = sum(pool[c["id"]] == gold[r["id"]] for r in records for c in r["cases"]) / sum(
             len(r["cases"]) for r in records)
-    # Measured with the MiniLM backbone for both views: 0.39 written, 0.87 masked.
-    assert same["true"] > 0.75 and same["true"] > same["false"] + 0.2, same
+    # Measured with the untrained MiniLM for both views: 0.13 of the cases written, 0.99 masked.
+    assert same["true"] > 0.9 and same["false"] < 0.5, same
 
 
 # ---------------------------------------------------------------- which structural retriever
