@@ -139,6 +139,12 @@ class GenerationConfig:
     (``cbr2.generation.grounded``, needs ``retrieval.link``; the ``llamacpp`` backend); a kind
     linking found nothing for is left to the grammar. Chosen on validation with linking and
     masking (docs/cpu-default.md, "Grounded single pass")."""
+    candidates: int = bounded(1, 1, 16)
+    """Execution-guided choice (the ``llamacpp`` backend; others decode one program): when the greedy
+    program does not parse, type-check or execute to a non-empty answer, up to ``candidates - 1``
+    more are decoded from the same prompt computation, each leaving the greedy path at one of its
+    closest calls (smallest logit margin first), and the first that executes to an answer is kept.
+    No gold answer is read: an answer, right or wrong, ends the search."""
     fallback: bool = False
     """When the single-pass program fails (syntax, type or execution error, empty answer), one
     correction round with the error and the nearest valid schema items."""

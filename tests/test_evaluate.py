@@ -250,3 +250,40 @@ def test_a_record_whose_prompt_changed_is_generated_again(tmp_path, scripted):
     metrics, _ = evaluate(tmp_path, "llm.backend=fake", "eval.limit=5")
     assert scripted.qids == [stale["id"]] and metrics["n"] == 5 and metrics["hits@1"] == 1.0
     assert len(pred.read_text().splitlines()) == 6  # appended; the newest record of a question wins
+
+
+@pytest.mark.slow
+def test_execution_guided_choice_keeps_the_first_program_that_answers_without_reading_the_gold(tmp_path):
+    """generation.candidates with the real llama.cpp backend: a greedy program that answers is kept as
+    it is; one that fails visibly gets alternatives, and one that answers replaces it. The choice is
+    the same when every gold answer is replaced: it never reads them."""
+    pytest.importorskip("xgrammar")
+    _needs_packaged("smollm2-135m")
+    from cbr2.data.benchmarks import EMBEDDED_ROOT
+    from cbr2.generation.fallback import FIRES_ON
+
+    tampered = tmp_path / "tampered"
+    shutil.copytree(EMBEDDED_ROOT / "mini-kqapro", tampered)
+    val = json.loads((tampered / "val.json").read_text())
+    for q in val:
+        q["answer"] = "not " + q["answer"]
+    (tampered / "val.json").write_text(json.dumps(val))
+
+    def records(folder, *overrides):
+        evaluate(folder, "llm.backend=llamacpp", "llm.model=smollm2-135m", "generation.constrained=true",
+                 "eval.limit=8", *overrides)
+        return [json.loads(line) for line in (folder / "run" / "predictions.jsonl").read_text().splitlines()]
+
+    one = records(tmp_path / "one")
+    many = records(tmp_path / "many", "generation.candidates=3")
+    blind = records(tmp_path / "blind", "generation.candidates=3", "data.name=kqapro", f"data.root={tampered}")
+    assert [(r["generated"], r["candidates"]) for r in many] == [(r["generated"], r["candidates"]) for r in blind]
+    assert all(not r["correct"] for r in blind)  # the tampering took
+    for first, chosen in zip(one, many, strict=True):
+        if first["error_kind"] not in FIRES_ON:
+            assert chosen["candidates"] == {"tried": 1, "kept": 0} and chosen["generated"] == first["generated"]
+        elif chosen["candidates"]["kept"] > 0:
+            assert chosen["error_kind"] not in FIRES_ON and chosen["generated"] != first["generated"]
+        else:
+            assert chosen["generated"] == first["generated"] and chosen["candidates"]["tried"] > 1
+    assert any(r["candidates"]["tried"] > 1 for r in many), "no question needed an alternative"

@@ -39,7 +39,7 @@ from cbr2.evaluation.run_folder import (
 from cbr2.evaluation.scoring import score_completion, unanswered
 from cbr2.evaluation.selection import resolve_shard, select_questions, shard_of
 from cbr2.generation.canonicalize import Canonicalizer, build_canonicalizer
-from cbr2.generation.fallback import build_correction, corrected, first_pass
+from cbr2.generation.fallback import FIRES_ON, build_correction, corrected, first_pass
 from cbr2.generation.grammar import build_grammar
 from cbr2.generation.grounded import grounded_arguments, slot_candidates
 from cbr2.generation.prompt import PromptBuilder, prompt_hash
@@ -222,6 +222,8 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
                         record["grounded"] = _grounded(record, prompts[i])
                     # Wall time since the previous answer: their sum is the run's generation time,
                     # also for backends that return a whole batch at once.
+                    if completion.candidates is not None:
+                        record["candidates"] = completion.candidates
                     record.update(prompt_hash=hashes[i], generation_key=gen_key,
                                   prompt_tokens=completion.prompt_tokens,
                                   completion_tokens=completion.completion_tokens, latency_s=now - last[0])
@@ -233,11 +235,27 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
                     write(record)
                     bar.update()
 
-                backend.generate([prompts[i] for i in todo], on_result=on_result)
+                backend.generate([prompts[i] for i in todo], on_result=on_result, **_choice(gen, backend, todo, score))
         if pending:
             _correct(cfg, bench, canonicalize, backend, [(i, prompts[i], done[questions[i].qid]) for i in pending],
                      score, write)
     return [done[q.qid] for q in questions]
+
+
+def _choice(gen: DictConfig, backend: Any, todo: Sequence[int],
+            score: Callable[[str, int], Prediction]) -> dict[str, Any]:
+    """``generate``'s arguments of execution-guided choice (``generation.candidates``), or none.
+
+    A program is accepted when it parses, type-checks and executes to a non-empty answer: what
+    is visible without the gold answer (the fallback's ``FIRES_ON`` kinds are the refusals).
+    """
+    if gen.candidates <= 1:
+        return {}
+    if backend.name != "llamacpp":
+        log.warning("generation.candidates=%d needs llm.backend=llamacpp; %s decodes one program per question",
+                    gen.candidates, backend.name)
+        return {}
+    return {"candidates": gen.candidates, "accept": lambda j, text: score(text, todo[j])["error_kind"] not in FIRES_ON}
 
 
 def _grounded(record: Prediction, prompt: Prompt) -> list[dict]:

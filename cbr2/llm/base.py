@@ -64,12 +64,16 @@ class Completion:
         overflow: Set (saying by how much) when the prompt did not fit the model's context, so
             nothing was generated: the run records the question as a failure of its own kind
             (``PROMPT_TOO_LONG``) and goes on.
+        candidates: See below.
     """
 
     text: str
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     overflow: str | None = None
+    candidates: dict | None = None
+    """With ``generation.candidates`` > 1 (the ``llamacpp`` backend): ``{"tried": n, "kept": i}``,
+    the programs decoded for the prompt and which of them ``text`` is (0: the greedy one)."""
 
 
 PROMPT_TOO_LONG = "prompt_too_long"

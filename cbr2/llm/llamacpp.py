@@ -25,6 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,11 @@ class _GrammarMask:
         self.fed = 0
         self.grounded = grounded
         """The question's ``GroundedMask`` (``generation.grounded``), applied after the grammar's."""
+        self.tokens: list[int] = []
+        """The generated tokens fed to the matcher so far."""
+        self.steps: list[tuple[int, float]] = []
+        """Per generated position: the runner-up token and its logit margin to the best (-1 and
+        inf when the masks left one token), for execution-guided choice."""
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import numpy as np
@@ -96,6 +102,7 @@ class _GrammarMask:
             if not self.matcher.accept_token(int(token)):
                 # Cannot happen with the mask applied; fail loudly rather than emit an unchecked program.
                 raise RuntimeError(f"token {int(token)} was chosen outside the grammar")
+            self.tokens.append(int(token))
         self.fed = len(generated)
         self.matcher.fill_next_token_bitmask(self.bitmask)
         # The bitmask is int32 words, bit i of word w allowing token 32 w + i (padded past the vocabulary).
@@ -103,6 +110,11 @@ class _GrammarMask:
         scores[allowed == 0] = -np.inf
         if self.grounded is not None:
             scores = self.grounded(generated, scores)
+        best, second = np.argpartition(-scores, 1)[:2]
+        if scores[second] > scores[best]:
+            best, second = second, best
+        margin = float(scores[best] - scores[second])
+        self.steps.append((int(second), margin) if np.isfinite(scores[second]) else (-1, float("inf")))
         return scores
 
 
@@ -282,8 +294,39 @@ class LlamaCppBackend:
             self._tokens = TokenTable(texts)
         return self._tokens
 
-    def generate(self, prompts: Sequence[Prompt],
-                 on_result: Callable[[int, Completion], None] | None = None) -> list[Completion]:
+    def _choose(self, index: int, prompt: Prompt, ids: list[int], seed: int, greedy_mask: _GrammarMask,
+                greedy: Completion, accept: Callable[[int, str], bool], candidates: int) -> Completion:
+        """Execution-guided choice: programs that leave the greedy path at one of its closest calls.
+
+        The greedy run recorded, per generated position, the runner-up token under both masks and
+        its logit margin. Alternative ``k`` keeps the greedy tokens before the ``k``-th smallest
+        margin, takes the runner-up there and decodes on under the same masks; the prompt and the
+        shared tokens stay in llama.cpp's KV cache, so each alternative costs only its own tokens.
+        The first alternative ``accept`` takes is kept; when none is, the greedy program is.
+        """
+        llm = self._llm
+        # Position p was chosen knowing the p tokens before it, which the matcher was fed.
+        chosen, steps = greedy_mask.tokens, greedy_mask.steps[:len(greedy_mask.tokens) + 1]
+        order = sorted((pos for pos, (alt, _) in enumerate(steps) if alt >= 0), key=lambda pos: steps[pos][1])
+        tried, tokens = 1, greedy.completion_tokens or 0
+        for pos in order[:candidates - 1]:
+            forced = [*chosen[:pos], steps[pos][0]]
+            budget = min(self.max_new_tokens, self.n_ctx - len(ids)) - len(forced)
+            if budget <= 0:
+                continue
+            out = llm.create_completion([*ids, *forced], max_tokens=budget, temperature=self.temperature,
+                                        top_p=self.top_p, top_k=0, min_p=0.0, repeat_penalty=1.0,
+                                        stop=self.stop or None, seed=seed,
+                                        logits_processor=self._grammar_processor(len(ids), prompt))
+            text = cut_at_stop(self._detokenize(forced) + out["choices"][0]["text"], self.stop)
+            tried += 1
+            tokens += 1 + out.get("usage", {}).get("completion_tokens", 0)
+            if accept(index, text):
+                return Completion(text, greedy.prompt_tokens, tokens, candidates={"tried": tried, "kept": tried - 1})
+        return Completion(greedy.text, greedy.prompt_tokens, tokens, candidates={"tried": tried, "kept": 0})
+
+    def generate(self, prompts: Sequence[Prompt], on_result: Callable[[int, Completion], None] | None = None,
+                 accept: Callable[[int, str], bool] | None = None, candidates: int = 1) -> list[Completion]:
         """One completion per prompt, in input order.
 
         Greedy when ``temperature`` is 0, else sampling with ``temperature`` and ``top_p`` (no
@@ -293,6 +336,10 @@ class LlamaCppBackend:
         Args:
             prompts: The prompts.
             on_result: Called as ``on_result(index, completion)`` as soon as a prompt is done.
+            accept: ``accept(index, text)``: whether a program text is good enough to keep
+                (execution-guided choice, ``generation.candidates``; it must not read the gold side).
+            candidates: Programs decoded at most per prompt under the grammar when ``accept``
+                refuses the greedy one (``_choose``).
 
         Returns:
             The completions, with prompt and completion token counts; a prompt longer than the
@@ -319,16 +366,20 @@ class LlamaCppBackend:
             seed = int.from_bytes(hashlib.sha256(f"{self.seed}\x00{text}".encode()).digest()[:4], "little") & 0x7FFFFFFF
             llama_cpp.llama_perf_context_reset(llm.ctx)
             self._keep_prefix(self._prefix_ids(prompt, text, ids))
+            processor = self._grammar_processor(len(ids), prompt)
             out = llm.create_completion(ids, max_tokens=min(self.max_new_tokens, self.n_ctx - len(ids)),
                                         temperature=self.temperature, top_p=self.top_p, top_k=0, min_p=0.0,
                                         repeat_penalty=1.0, stop=self.stop or None, seed=seed,
-                                        logits_processor=self._grammar_processor(len(ids), prompt))
+                                        logits_processor=processor)
             perf = llama_cpp.llama_perf_context(llm.ctx)
             self.last_perf = {"prefill_ms": perf.t_p_eval_ms, "prefill_tokens": perf.n_p_eval,
                               "decode_ms": perf.t_eval_ms, "decode_tokens": perf.n_eval}
             usage = out.get("usage", {})
             completion = Completion(cut_at_stop(out["choices"][0]["text"], self.stop), len(ids),
                                     usage.get("completion_tokens"))
+            if candidates > 1 and accept is not None and processor is not None:
+                completion = (replace(completion, candidates={"tried": 1, "kept": 0}) if accept(i, completion.text)
+                              else self._choose(i, prompt, ids, seed, processor[0], completion, accept, candidates))
             results.append(completion)
             if on_result is not None:
                 on_result(i, completion)
