@@ -46,7 +46,10 @@ def test_an_ablation_sweep_is_one_job_array_and_one_table(slurm_cluster, tmp_pat
 def _encodings(logs: list[Path]) -> Counter:
     """How often each cache entry was computed (not loaded) across the jobs' logs."""
     text = "\n".join(p.read_text(errors="replace") for p in logs)
-    return Counter(re.findall(r"encoding \d+ (\S+) with", text) + re.findall(r"into (\S+) \(once\)", text))
+    # Keyed by the entry's folder: one label ("cases") can name several entries (the case pool
+    # as written, for its knowledge, and masked, for the case views).
+    return Counter(re.findall(r"encoding \d+ \S+ with \S+ \(cache: (\S+)\)", text)
+                   + re.findall(r"into (\S+) \(once\)", text))
 
 
 def test_three_slurm_shards_merge_into_the_unsharded_run(slurm_cluster, tmp_path):
