@@ -79,7 +79,7 @@ class _GrammarMask:
     next one; the matcher is fed the generated tokens it has not seen yet.
     """
 
-    def __init__(self, compiled: Any, n_prompt: int, n_vocab: int, grounded: Any = None):
+    def __init__(self, compiled: Any, n_prompt: int, n_vocab: int, grounded: Any = None, track: bool = False):
         import xgrammar as xgr
 
         self.matcher = xgr.GrammarMatcher(compiled)
@@ -90,9 +90,10 @@ class _GrammarMask:
         """The question's ``GroundedMask`` (``generation.grounded``), applied after the grammar's."""
         self.tokens: list[int] = []
         """The generated tokens fed to the matcher so far."""
+        self.track = track
         self.steps: list[tuple[int, float]] = []
-        """Per generated position: the runner-up token and its logit margin to the best (-1 and
-        inf when the masks left one token), for execution-guided choice."""
+        """With ``track``, per generated position: the runner-up token and its logit margin to the
+        best (-1 and inf when the masks left one token), for execution-guided choice."""
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import numpy as np
@@ -110,11 +111,12 @@ class _GrammarMask:
         scores[allowed == 0] = -np.inf
         if self.grounded is not None:
             scores = self.grounded(generated, scores)
-        best, second = np.argpartition(-scores, 1)[:2]
-        if scores[second] > scores[best]:
-            best, second = second, best
-        margin = float(scores[best] - scores[second])
-        self.steps.append((int(second), margin) if np.isfinite(scores[second]) else (-1, float("inf")))
+        if self.track:  # a partition of the whole vocabulary per token: only when it is used
+            best, second = np.argpartition(-scores, 1)[:2]
+            if scores[second] > scores[best]:
+                best, second = second, best
+            margin = float(scores[best] - scores[second])
+            self.steps.append((int(second), margin) if np.isfinite(scores[second]) else (-1, float("inf")))
         return scores
 
 
@@ -259,9 +261,10 @@ class LlamaCppBackend:
         # generate() drops the KV cache past the tokens kept here before it reads the rest.
         llm.n_tokens = len(prefix)
 
-    def _grammar_processor(self, n_prompt: int, prompt: Prompt) -> Any:
+    def _grammar_processor(self, n_prompt: int, prompt: Prompt, track: bool = False) -> Any:
         """A fresh logits processor list for one output under the grammar (with the prompt's
-        grounded layer when it carries one), or None without a grammar."""
+        grounded layer when it carries one, recording runner-up tokens with ``track``), or None
+        without a grammar."""
         if self.grammar is None:
             return None
         from llama_cpp import LogitsProcessorList
@@ -274,7 +277,7 @@ class LlamaCppBackend:
             from cbr2.generation.grounded import GroundedMask
 
             grounded = GroundedMask(self._token_table(), dict(prompt.grounding), self._detokenize)
-        return LogitsProcessorList([_GrammarMask(self._compiled, n_prompt, llm.n_vocab(), grounded)])
+        return LogitsProcessorList([_GrammarMask(self._compiled, n_prompt, llm.n_vocab(), grounded, track)])
 
     def _detokenize(self, ids: Sequence[int]) -> str:
         return self._llm.detokenize([int(i) for i in ids]).decode("utf-8", errors="replace")
@@ -366,7 +369,8 @@ class LlamaCppBackend:
             seed = int.from_bytes(hashlib.sha256(f"{self.seed}\x00{text}".encode()).digest()[:4], "little") & 0x7FFFFFFF
             llama_cpp.llama_perf_context_reset(llm.ctx)
             self._keep_prefix(self._prefix_ids(prompt, text, ids))
-            processor = self._grammar_processor(len(ids), prompt)
+            choosing = candidates > 1 and accept is not None
+            processor = self._grammar_processor(len(ids), prompt, track=choosing)
             out = llm.create_completion(ids, max_tokens=min(self.max_new_tokens, self.n_ctx - len(ids)),
                                         temperature=self.temperature, top_p=self.top_p, top_k=0, min_p=0.0,
                                         repeat_penalty=1.0, stop=self.stop or None, seed=seed,
@@ -377,7 +381,7 @@ class LlamaCppBackend:
             usage = out.get("usage", {})
             completion = Completion(cut_at_stop(out["choices"][0]["text"], self.stop), len(ids),
                                     usage.get("completion_tokens"))
-            if candidates > 1 and accept is not None and processor is not None:
+            if choosing and processor is not None:
                 completion = (replace(completion, candidates={"tried": 1, "kept": 0}) if accept(i, completion.text)
                               else self._choose(i, prompt, ids, seed, processor[0], completion, accept, candidates))
             results.append(completion)
