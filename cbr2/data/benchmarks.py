@@ -6,7 +6,7 @@ splits exist, which one is evaluated by default, what form an answer takes).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -14,6 +14,7 @@ from cbr2.common.errors import ConfigError
 from cbr2.data.questions import (
     DatasetFormatError,
     Question,
+    kqapro_reasoning_types,
     load_kqapro_questions,
     load_metaqa_questions,
     metaqa_topics,
@@ -72,6 +73,7 @@ class Benchmark:
             root = EMBEDDED_ROOT / embedded
         self.root = Path(root)
         self.cache_dir = cache_dir
+        self._splits: dict[str, list[Question]] = {}
         if not (self.root / self.family.kb_file).is_file():
             raise DatasetFormatError(f"{self.root}: no {self.family.kb_file} (expected the official {self.family.name} layout)")
 
@@ -87,7 +89,10 @@ class Benchmark:
         return load_kb(self.root / self.family.kb_file, self.family.name, self.cache_dir)
 
     def questions(self, split: str | None = None) -> list[Question]:
-        """Questions of a split (default: the family's evaluation split).
+        """Questions of a split (default: the family's evaluation split), read once per process.
+
+        KQA Pro questions with a gold program carry their reasoning types
+        (``kqapro_reasoning_types``; zero-shot against the training split's answers).
 
         Raises:
             ConfigError: On a split the family does not have.
@@ -95,9 +100,22 @@ class Benchmark:
         split = split or self.family.eval_split
         if split not in self.family.splits:
             raise ConfigError(f"data.split={split!r} is not a {self.family.name} split; expected one of {self.family.splits}")
-        if self.family is KQAPRO:
-            return load_kqapro_questions(self.root / f"{split}.json", split)
-        return load_metaqa_questions(self.root, split)
+        if split not in self._splits:
+            self._splits[split] = self._read(split)
+        return list(self._splits[split])
+
+    def _read(self, split: str) -> list[Question]:
+        if self.family is not KQAPRO:
+            return load_metaqa_questions(self.root, split)
+        questions = load_kqapro_questions(self.root / f"{split}.json", split)
+        if not any(q.program is not None for q in questions):
+            return questions  # the test split: no programs, no types
+        answers = None  # no training split beside it: zero-shot cannot be told
+        if split == self.family.train_split or (self.root / f"{self.family.train_split}.json").is_file():
+            train = questions if split == self.family.train_split else self.questions(self.family.train_split)
+            answers = frozenset(q.answer for q in train if isinstance(q.answer, str))
+        return [replace(q, reasoning_types=kqapro_reasoning_types(q.program, q.answer, answers))
+                if q.program is not None else q for q in questions]
 
     def answer_from_values(self, values: list[str], program: Program) -> str | list[str] | None:
         """Turn an executed result into the dataset's answer form.

@@ -9,6 +9,7 @@ from typing import Any
 
 from cbr2.data.reading import DataError, read_json, read_text
 from cbr2.data.schema import parse_metaqa_question_line, parse_metaqa_questions, validate_kqapro_questions
+from cbr2.kopl.functions import canonical_name
 from cbr2.kopl.program import Program, ProgramError, Step
 from cbr2.kopl.text import to_text
 
@@ -20,6 +21,27 @@ KQAPRO_CATEGORIES = (
 
 KQAPRO_ABBREVIATIONS = dict(zip(KQAPRO_CATEGORIES, ("CT", "QA", "QAQ", "QN", "QR", "QRQ", "SA", "SB", "VF"), strict=True))
 """Column names of the paper's Tables 3 and 5."""
+
+CATEGORY_OF_LAST_FUNCTION = {"QueryAttrUnderCondition": "QueryAttr"}
+"""Last functions that are not a category's own name. ``QueryAttrUnderCondition`` ("What was the
+population of Ottawa in 2016?") asks for an attribute's value, as ``QueryAttr`` does; its condition
+is a qualifier filter, as ``QFilter*`` steps are in every other category. KQA Pro's own question
+types (its paper's Query Attribute) and the nine categories' published validation counts (which sum
+to the whole split) both leave it no category of its own. ``What`` → QueryName and ``Verify*`` →
+Verify are resolved by ``kqapro_category`` itself."""
+
+KQAPRO_REASONING_TYPES = ("Multi-hop", "Qualifier", "Comparison", "Logical", "Count", "Verify", "Zero-shot")
+"""KQA Pro's seven reasoning types (its paper's, and the columns of the CBR² paper's Figure 5):
+multi-label, read off the gold program and the training answers (``kqapro_reasoning_types``)."""
+
+_TYPE_FUNCTIONS = {
+    "Qualifier": frozenset({"QFilterStr", "QFilterNum", "QFilterYear", "QFilterDate", "QueryAttrUnderCondition",
+                            "QueryAttrQualifier", "QueryRelationQualifier"}),
+    "Comparison": frozenset({"SelectBetween", "SelectAmong"}),
+    "Logical": frozenset({"And", "Or"}),
+    "Count": frozenset({"Count"}),
+}
+"""Reasoning types marked by one of these functions anywhere in the gold program."""
 
 METAQA_CATEGORIES = ("1-hop", "2-hop", "3-hop")
 """MetaQA's categories: the hop count (the paper's Table 4 columns)."""
@@ -41,6 +63,9 @@ class Question:
         answer: Gold answer: one string (KQA Pro) or a list of names (MetaQA); None if unknown.
         category: KQA Pro category or MetaQA ``{k}-hop``; None without a program.
         choices: KQA Pro's 10 choices (empty for MetaQA).
+        reasoning_types: KQA Pro's reasoning types of the question (``KQAPRO_REASONING_TYPES``,
+            set by ``Benchmark.questions``, which knows the training answers); empty for MetaQA
+            and without a program.
     """
 
     qid: str
@@ -49,12 +74,47 @@ class Question:
     answer: str | list[str] | None
     category: str | None
     choices: tuple[str, ...] = field(default=())
+    reasoning_types: tuple[str, ...] = field(default=())
 
 
 def kqapro_category(program: Program) -> str:
-    """The category of a KQA Pro program: its last function, ``What`` → QueryName, Verify* → Verify."""
+    """The category of a KQA Pro program: its last function, ``What`` → QueryName, Verify* → Verify,
+    ``QueryAttrUnderCondition`` → QueryAttr (``CATEGORY_OF_LAST_FUNCTION``).
+
+    Raises:
+        ValueError: When the last function is none of the nine categories' (a program that ends
+            in ``Find`` or ``Relate`` asks nothing).
+    """
     last = program.final_function()
-    return "Verify" if last.startswith("Verify") else last
+    category = "Verify" if last.startswith("Verify") else CATEGORY_OF_LAST_FUNCTION.get(last, last)
+    if category not in KQAPRO_CATEGORIES:
+        raise ValueError(f"last function {program.steps[-1].function!r} is not one of the nine categories' "
+                         f"({', '.join(KQAPRO_CATEGORIES)}; QueryAttrUnderCondition counts as QueryAttr)")
+    return category
+
+
+def kqapro_reasoning_types(program: Program, answer: str | None, train_answers: frozenset[str] | None
+                           ) -> tuple[str, ...]:
+    """KQA Pro's reasoning types of a question, in ``KQAPRO_REASONING_TYPES`` order.
+
+    Multi-hop: a ``Relate`` or any ``Filter*`` step; Qualifier, Comparison, Logical, Count: one
+    of ``_TYPE_FUNCTIONS``' functions; Verify: a ``Verify*`` step; Zero-shot: the gold answer is
+    not among the training split's answers (as text). A question may have several types or none.
+
+    Args:
+        program: The gold program.
+        answer: The gold answer (None: never zero-shot).
+        train_answers: Every answer of the training split; None when there is no training split
+            (then no question is zero-shot).
+    """
+    functions = {canonical_name(s.function) for s in program.steps}
+    marked = {
+        "Multi-hop": "Relate" in functions or any(f.startswith("Filter") for f in functions),
+        **{kind: bool(functions & names) for kind, names in _TYPE_FUNCTIONS.items()},
+        "Verify": any(f.startswith("Verify") for f in functions),
+        "Zero-shot": train_answers is not None and answer is not None and answer not in train_answers,
+    }
+    return tuple(t for t in KQAPRO_REASONING_TYPES if marked[t])
 
 
 def metaqa_category(program: Program) -> str:
@@ -80,16 +140,15 @@ def load_kqapro_questions(path: str | Path, split: str) -> list[Question]:
     out = []
     for i, item in enumerate(items):
         text = item.get("question") or item.get("rewrite") or item.get("origin")
-        program = None
+        program, category = None, None
         if item.get("program") is not None:
             try:
                 program = Program.from_json(item["program"])
-            except ProgramError as err:
+                category = kqapro_category(program)
+            except ValueError as err:  # a ProgramError, or a last function of no category
                 raise DatasetFormatError(f"{path}: [{i}].program: {err}") from err
-        out.append(Question(
-            qid=f"{split}-{i}", question=text, program=program, answer=item.get("answer"),
-            category=kqapro_category(program) if program else None,
-            choices=tuple(item.get("choices", ()))))
+        out.append(Question(qid=f"{split}-{i}", question=text, program=program, answer=item.get("answer"),
+                            category=category, choices=tuple(item.get("choices", ()))))
     return out
 
 
@@ -189,8 +248,12 @@ def metaqa_topics(program: Program) -> set[str]:
 def question_record(q: Question) -> dict[str, Any]:
     """The gold side of a prediction line.
 
-    ``gold_program`` is the gold program as DAG text (None without one). It serves the error
+    ``gold_program`` is the gold program as DAG text (None without one); ``reasoning_types``
+    (KQA Pro, when known) lists the question's reasoning types. It serves the error
     analysis after scoring only; retrieval and prompts never read prediction records.
     """
-    return {"id": q.qid, "question": q.question, "category": q.category, "gold_answer": q.answer,
-            "gold_program": to_text(q.program, "dag") if q.program is not None else None}
+    record = {"id": q.qid, "question": q.question, "category": q.category, "gold_answer": q.answer,
+              "gold_program": to_text(q.program, "dag") if q.program is not None else None}
+    if q.reasoning_types:
+        record["reasoning_types"] = list(q.reasoning_types)
+    return record

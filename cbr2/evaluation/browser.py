@@ -34,7 +34,7 @@ from typing import Any
 from cbr2.common.console import setup_logging
 from cbr2.common.files import write_atomic
 from cbr2.evaluation.errors import CLASSES, classify
-from cbr2.evaluation.metrics import ERROR_KINDS
+from cbr2.evaluation.metrics import ERROR_KINDS, judged
 from cbr2.evaluation.records import load_records, utf8_json
 from cbr2.evaluation.run_report import run_title
 
@@ -65,6 +65,11 @@ def _records(path: Path) -> dict[str, dict[str, Any]]:
         log.warning("browser: %s: lines %d and %d both hold %r; the page shows the first "
                     "(`python -m cbr2.evaluation.repair FOLDER` settles it)", path, first, later, qid)
     return out
+
+
+def _predictions(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """A run's predictions as ``_records`` reads them, judged by the current answer comparison."""
+    return {qid: judged(record) for qid, record in _records(run_dir / "predictions.jsonl").items()}
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -200,7 +205,7 @@ def browser_data(run_dir: str | Path, bench: Any = None, records: Sequence[dict[
     """
     run_dir = Path(run_dir)
     metrics = _read_json(run_dir / "metrics.json")
-    predictions = {r["id"]: r for r in records} if records is not None else _records(run_dir / "predictions.jsonl")
+    predictions = {r["id"]: r for r in records} if records is not None else _predictions(run_dir)
     retrieval = _records(run_dir / "retrieval.jsonl")
     case_ids = {c.get("id") for r in retrieval.values() for c in r.get("cases") or () if isinstance(c, dict)}
     index, case_text, selected = _run_context(run_dir, bench, case_ids, selection) \
@@ -327,7 +332,7 @@ def compare_data(run_dirs: Sequence[str | Path], out_dir: str | Path, labels: Se
         metrics = _read_json(d / "metrics.json")
         runs.append({"label": label, "dir": str(d), "href": Path(os.path.relpath(d / BROWSER, out_dir)).as_posix(),
                      "has_browser": (d / BROWSER).is_file(), "hits@1": metrics.get("hits@1"), "n": metrics.get("n")})
-        records.append(_records(d / "predictions.jsonl"))
+        records.append(_predictions(d))
     pairs = []
     base = records[0] if records else {}
     for j in range(1, len(records)):

@@ -10,13 +10,12 @@ Honesty rules that live here:
 
 from __future__ import annotations
 
-import math
-import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import date
-from typing import Any
+from typing import Any, cast
 
+from cbr2.data.questions import KQAPRO_REASONING_TYPES
 from cbr2.evaluation.errors import analyze
 from cbr2.evaluation.records import Prediction
 from cbr2.generation.fallback import FIRES_ON, single_pass_view
@@ -25,29 +24,56 @@ from cbr2.llm.base import PROMPT_TOO_LONG
 ERROR_KINDS = ("syntax", "type", "execution", "empty", "wrong", PROMPT_TOO_LONG)
 """Why a prediction is wrong, in pipeline order; ``None`` means right."""
 
-_QUANTITY = re.compile(r"^([+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)(?:\s+(.+))?$")
-_DATE = re.compile(r"^(-?\d{1,4})[-/](\d{1,2})[-/](\d{1,2})$")
+def _kqapro_number(text: str) -> str:
+    """KQA Pro's number normalisation: a leading number whose fractional part is below 1e-5 is
+    written as an integer, the unit kept (``100.0 metre`` → ``100 metre``).
+
+    As in KQA Pro's own evaluation, "fractional part" is ``v - int(v)``, which is negative for
+    a negative non-integer, so ``-2.5`` is written ``-2``: kept as it is, since a number scored
+    otherwise is not comparable with the published ones (the reference engine prints negative
+    decimals the same way).
+    """
+    number, *unit = text.split()
+    value: float | int = float(number)
+    if value - int(value) < 1e-5:  # int() of inf or nan raises: such a text stays as it is
+        value = int(value)
+    return " ".join([str(value), *unit])
+
+
+def _kqapro_date(text: str) -> date | int:
+    """A date (``yyyy-mm-dd``, three parts split on ``-``) or a year (an integer); raises otherwise."""
+    parts = text.split("-")
+    if len(parts) == 3:
+        return date(int(parts[0]), int(parts[1]), int(parts[2]))
+    return int(text)
 
 
 def answers_match(pred: str, gold: str) -> bool:
-    """Whether a predicted KQA Pro answer string equals the gold one.
+    """Whether a predicted KQA Pro answer equals the gold one, by KQA Pro's official comparison.
 
-    Exact after trimming; numbers with the same unit compare with a relative tolerance of
-    1e-6 (``"1.50 metre"`` = ``"1.5 metre"``); dates compare as dates (``/`` or ``-``).
+    1. Both strings are normalised as numbers (``_kqapro_number``): ``100.0 metre`` = ``100 metre``.
+    2. When both then read as a date or a year (``_kqapro_date``), two full dates must be equal,
+       and otherwise their years (``1882-12-11`` = ``1882``; a year is any integer).
+    3. Anything else must be equal as text (``yyyy/mm/dd`` is text: ``1882/12/11`` ≠ ``1882-12-11``).
+
+    The official baselines score with these rules, so Hits@1 computed here is comparable with
+    theirs. Both sides are stripped first, as the official script strips each prediction line.
     """
-    pred, gold = pred.strip(), gold.strip()
-    if pred == gold:
-        return True
-    qp, qg = _QUANTITY.match(pred), _QUANTITY.match(gold)
-    if qp and qg and (qp.group(2) or "1") == (qg.group(2) or "1"):
-        return math.isclose(float(qp.group(1)), float(qg.group(1)), rel_tol=1e-6, abs_tol=1e-9)
-    dp, dg = _DATE.match(pred), _DATE.match(gold)
-    if dp and dg:
+    normalised = []
+    for text in (pred.strip(), gold.strip()):
         try:
-            return date(*map(int, dp.groups())) == date(*map(int, dg.groups()))
-        except ValueError:
-            return False
-    return False
+            text = _kqapro_number(text)
+        except (ValueError, OverflowError):  # not a number (or no text at all): compared as it is
+            pass
+        normalised.append(text)
+    pred, gold = normalised
+    try:
+        p, g = _kqapro_date(pred), _kqapro_date(gold)
+    except (ValueError, OverflowError):
+        return pred == gold
+    if isinstance(p, date) and isinstance(g, date):
+        return p == g
+    return (p.year if isinstance(p, date) else p) == (g.year if isinstance(g, date) else g)
 
 
 def is_correct(pred: str | Sequence[str] | None, gold: str | Sequence[str] | None) -> bool:
@@ -55,40 +81,83 @@ def is_correct(pred: str | Sequence[str] | None, gold: str | Sequence[str] | Non
 
     Args:
         pred: One string (KQA Pro) or a list of names whose first is the top answer (MetaQA).
-        gold: One string (KQA Pro) or the set of gold names (MetaQA).
+        gold: One string (KQA Pro: compared by ``answers_match``, the official comparison) or
+            the set of gold names (MetaQA: the top answer must be one of them as text, as in
+            MetaQA's own Hits@1).
     """
     if pred is None or gold is None:
         return False
     if isinstance(gold, str):
         return isinstance(pred, str) and answers_match(pred, gold)
     top = pred if isinstance(pred, str) else (pred[0] if pred else None)
-    return top is not None and any(answers_match(top, g) for g in gold)
+    return top is not None and top.strip() in {g.strip() for g in gold}
+
+
+JUDGED_KINDS = (None, "wrong")
+"""``error_kind`` of a prediction whose verdict comes from comparing its answer with the gold one
+(every other kind is wrong before any comparison)."""
+
+
+def judged(record: Prediction) -> Prediction:
+    """The record with its verdict taken again by ``is_correct``, the one comparison.
+
+    A record keeps the verdict of the comparison it was scored with; records cached or written
+    before a change of the comparison are brought to the current one wherever records are read
+    (``run_folder.load_predictions``, the browser), so every Hits@1 the project prints, from a
+    run, a merge, a sweep or a comparison, uses the same rule. The single pass of a fallback
+    record (``single_pass``) is judged again too. A record of a question without a gold answer
+    (a test split) is returned as it is.
+    """
+    gold = record.get("gold_answer")
+    if gold is None:
+        return record
+    out = dict(record)
+    if out.get("error_kind") in JUDGED_KINDS and out.get("answer"):
+        out["correct"] = is_correct(out["answer"], gold)
+        out["error_kind"] = None if out["correct"] else "wrong"
+    single = out.get("single_pass")
+    if isinstance(single, dict) and single.get("error_kind") in JUDGED_KINDS and single.get("answer"):
+        right = is_correct(single["answer"], gold)
+        out["single_pass"] = {**single, "correct": right, "error_kind": None if right else "wrong"}
+    return cast(Prediction, out)
+
+
+ANSWER_COMPARISON = "kqapro-official/metaqa-exact"
+"""Which answer comparison ``is_correct`` applies, recorded in ``metrics.json``: KQA Pro's official
+one (``answers_match``) and MetaQA's exact names. A comparison of runs notes a run scored otherwise."""
 
 
 def _rates(records: Sequence[Prediction]) -> dict[str, Any]:
     n = len(records)
     if n == 0:
         return {"hits@1": 0.0, "ser": 0.0, "ser_before_repair": 0.0, "n": 0}
+    # A split without gold answers (KQA Pro's test) has no Hits@1 to report, only what was generated.
+    answered = any(r.get("gold_answer") is not None for r in records)
     return {
-        "hits@1": sum(bool(r["correct"]) for r in records) / n,
+        "hits@1": sum(bool(r["correct"]) for r in records) / n if answered else None,
         "ser": sum(r["syntax_error"] for r in records) / n,
         "ser_before_repair": sum(r["syntax_error_before_repair"] for r in records) / n,
         "n": n,
     }
 
 
-def compute_metrics(records: Iterable[Prediction], categories: Sequence[str] = ()) -> dict[str, Any]:
+def compute_metrics(records: Iterable[Prediction], categories: Sequence[str] = (),
+                    reasoning_types: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
     """Aggregate prediction records into ``metrics.json``'s structure.
 
     Args:
         records: Prediction records with ``correct``, ``category``, ``error_kind``,
             ``syntax_error`` and ``syntax_error_before_repair``.
         categories: Categories to list first, in this order (others follow sorted).
+        reasoning_types: Question id → its KQA Pro reasoning types (``Question.reasoning_types``);
+            None for a benchmark without them.
 
     Returns:
         ``{"hits@1", "ser", "ser_before_repair", "n", "per_category": {cat: {...}},
         "errors": {kind: count}, "prompt_too_long": [question ids], "error_analysis": {...}}`` with
-        fractions in [0, 1];
+        fractions in [0, 1], and ``per_reasoning_type`` (each type that some question has, in
+        ``KQAPRO_REASONING_TYPES`` order) when ``reasoning_types`` is given; ``hits@1`` is None
+        when no record has a gold answer (``gold_answers`` is then False).
         ``error_analysis`` is ``errors.analyze``'s grounding / logical classification of the
         wrong predictions.
     """
@@ -98,9 +167,18 @@ def compute_metrics(records: Iterable[Prediction], categories: Sequence[str] = (
         by_cat.setdefault(r["category"] or "unknown", []).append(r)
     order = [c for c in categories if c in by_cat] + sorted(c for c in by_cat if c not in categories)
     kinds = Counter(r["error_kind"] for r in records if r["error_kind"])
-    return {
+    metrics = {
         **_rates(records),
+        "answer_comparison": ANSWER_COMPARISON,
         "per_category": {c: _rates(by_cat[c]) for c in order},
+    }
+    if reasoning_types is not None:
+        by_type = {t: [r for r in records if t in reasoning_types.get(r["id"], ())] for t in KQAPRO_REASONING_TYPES}
+        metrics["per_reasoning_type"] = {t: _rates(rs) for t, rs in by_type.items() if rs}
+    if records and metrics["hits@1"] is None:
+        metrics["gold_answers"] = False
+    return {
+        **metrics,
         "errors": {k: kinds.get(k, 0) for k in ERROR_KINDS},
         # Named one by one: each was never put to the model, whatever the other numbers say.
         PROMPT_TOO_LONG: [r["id"] for r in records if r["error_kind"] == PROMPT_TOO_LONG],
@@ -108,8 +186,8 @@ def compute_metrics(records: Iterable[Prediction], categories: Sequence[str] = (
     }
 
 
-def finish_metrics(records: Sequence[Prediction], categories: Sequence[str], fallback: bool = False
-                   ) -> dict[str, Any]:
+def finish_metrics(records: Sequence[Prediction], categories: Sequence[str], fallback: bool = False,
+                   reasoning_types: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
     """The metrics of a run's records (an evaluation and the shard merge both get theirs here).
 
     Args:
@@ -117,15 +195,16 @@ def finish_metrics(records: Sequence[Prediction], categories: Sequence[str], fal
         categories: Categories to list first.
         fallback: Whether ``generation.fallback`` was on: adds ``single_pass`` (the metrics of
             the first pass alone) and ``fallback`` (``fallback_metrics``).
+        reasoning_types: As for ``compute_metrics``.
 
     Returns:
         ``compute_metrics`` of the records, with ``generation`` (``generation_stats``: a
         question's seconds and tokens include its correction) and the two fallback blocks.
     """
-    metrics = compute_metrics(records, categories)
+    metrics = compute_metrics(records, categories, reasoning_types)
     metrics["generation"] = generation_stats(records)
     if fallback:
-        metrics["single_pass"] = compute_metrics([single_pass_view(r) for r in records], categories)
+        metrics["single_pass"] = compute_metrics([single_pass_view(r) for r in records], categories, reasoning_types)
         metrics["fallback"] = fallback_metrics(records)
     return metrics
 

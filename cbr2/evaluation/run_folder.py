@@ -27,13 +27,13 @@ from omegaconf import DictConfig, OmegaConf
 from cbr2.common.errors import UserError
 from cbr2.common.files import write_atomic
 from cbr2.config import ablation_slug, git_hash, setting_of
-from cbr2.data.benchmarks import Benchmark
+from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import Question
 from cbr2.evaluation.browser import write_browser
-from cbr2.evaluation.metrics import finish_metrics
-from cbr2.evaluation.records import Prediction, load_records
+from cbr2.evaluation.metrics import finish_metrics, judged
+from cbr2.evaluation.records import Prediction, load_records, record_line
 from cbr2.evaluation.run_report import write_report
-from cbr2.evaluation.selection import categories_of, selection_provenance
+from cbr2.evaluation.selection import categories_of, selection_provenance, whole_split
 from cbr2.evaluation.tracking import log_evaluation
 from cbr2.generation.prompt import FALLBACK_VERSION, PROMPT_VERSION
 
@@ -175,13 +175,59 @@ def generation_key(section: DictConfig, backend: Any) -> str:
 
 def load_predictions(path: Path, repair: bool = False) -> dict[str, Prediction]:
     """The prediction records of a run folder's ``predictions.jsonl`` by question id
-    (``records.load_records``: what a resumed run, a merge and a comparison read).
+    (``records.load_records``: what a resumed run, a merge and a comparison read), each judged
+    by the current answer comparison (``metrics.judged``).
+
+    Args:
+        path: The file.
+        repair: The writer's read before it appends: a damaged last line is cut, and when a
+            record's verdict was taken by an earlier comparison, the file is rewritten with the
+            records as judged now, so that its ``correct`` fields agree with ``metrics.json``.
 
     Raises:
         UserError: As ``records.load_records``.
     """
     # The reader checks only that a line is an object with an id; the runner wrote it as a Prediction.
-    return cast(dict[str, Prediction], load_records(path, repair=repair))
+    found = cast(dict[str, Prediction], load_records(path, repair=repair))
+    records = {qid: judged(record) for qid, record in found.items()}
+    changed = sum(records[qid] != found[qid] for qid in found)
+    if repair and changed:
+        log.info("%s: %d cached predictions judged again by the current answer comparison; file rewritten",
+                 path, changed)
+        write_atomic(path, "".join(record_line(r) + "\n" for r in records.values()))
+    return records
+
+
+SUBMISSION = "predict.txt"
+"""The file KQA Pro's leaderboard takes for its test split: one answer per line, in the order of
+``test.json`` (the official baselines' ``predict.txt``)."""
+
+
+def write_submission(out: Path, cfg: DictConfig, bench: Benchmark, selection: Sequence[Question],
+                     records: Sequence[Prediction]) -> Path | None:
+    """Write ``SUBMISSION`` for a run of a split without gold answers.
+
+    A question without an answer (its program failed) gets an empty line: never a guess such as
+    "no", which older baselines wrote. Written only when the run judged the whole split in the
+    file's order, since a line's position is its question.
+
+    Returns:
+        The file written, or None when the run covers less than the whole split.
+    """
+    if not whole_split(bench, cfg, selection) or len(records) != len(selection):
+        log.warning("%s not written: it needs every question of the split in order (eval.per_category=null, no "
+                    "eval.limit); this run judged %d of them", SUBMISSION, len(records))
+        return None
+    lines = []
+    for record in records:
+        answer = record.get("answer")
+        if isinstance(answer, list):
+            answer = answer[0] if answer else None
+        lines.append(" ".join(str(answer).split()) if answer else "")
+    path = out / SUBMISSION
+    write_atomic(path, "\n".join(lines) + "\n")
+    log.info("wrote %s: %d answers (%d empty: no answer) for submission", path, len(lines), lines.count(""))
+    return path
 
 
 def finish_run(out: Path, cfg: DictConfig, bench: Benchmark, prov: dict[str, Any], selection: Sequence[Question],
@@ -212,11 +258,14 @@ def finish_run(out: Path, cfg: DictConfig, bench: Benchmark, prov: dict[str, Any
     else:
         # select with a default: configs of runs from before the fallback existed lack the key.
         fallback = bool(OmegaConf.select(cfg, "generation.fallback", default=False))
-        metrics = finish_metrics(records, categories_of(bench), fallback)
+        types = {q.qid: q.reasoning_types for q in selection} if bench.family is KQAPRO else None
+        metrics = finish_metrics(records, categories_of(bench), fallback, types)
         if retrieval is not None:
             metrics["retrieval"] = retrieval
         metrics["provenance"] = prov
     ablation = prov.get("ablation")
+    if records is not None and metrics.get("gold_answers") is False and "shard" not in prov:
+        write_submission(out, cfg, bench, selection, records)
     write_atomic(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     write_report(out / "report.md", metrics)
     write_browser(out, bench, records, selection)

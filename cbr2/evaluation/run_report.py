@@ -40,14 +40,18 @@ def render_report(metrics: dict[str, Any], title: str) -> str:
     """
     lines = [f"# {title}", ""]
     if "hits@1" in metrics:
+        hits = (f"**Hits@1 {pct(metrics['hits@1'])}%** (higher is better)" if metrics["hits@1"] is not None
+                else "**No gold answers** (a test split: no Hits@1; the answers are in `predict.txt`)")
         lines += [
-            (f"**Hits@1 {pct(metrics['hits@1'])}%** (higher is better) · **SER {pct(metrics['ser'])}%** "
+            (f"{hits} · **SER {pct(metrics['ser'])}%** "
              f"(lower is better; {pct(metrics['ser_before_repair'])}% before repair) · n = {metrics['n']}"),
             "",
             "## Per category",
             "",
             *per_category_table(metrics),
         ]
+        if metrics.get("per_reasoning_type"):
+            lines += ["", "## Per reasoning type", "", *reasoning_type_table(metrics)]
         gen = metrics.get("generation") or {}
         if gen.get("seconds_per_question") is not None:
             tokens = "".join(f" · {gen[k]:.0f} {k.replace('_', ' ')} per question" for k in
@@ -80,11 +84,32 @@ def render_report(metrics: dict[str, Any], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _pct_or_dash(x: float | None) -> str:
+    return "—" if x is None else pct(x)
+
+
+def reasoning_type_table(metrics: dict[str, Any]) -> list[str]:
+    """KQA Pro's reasoning types as columns, Overall first (the layout of the paper's Figure 5).
+
+    The types are multi-label (a question counts in each of its types), so their n do not sum
+    to the run's n.
+    """
+    types = metrics["per_reasoning_type"]
+    rows = [("Hits@1 (%) ↑", "hits@1", _pct_or_dash), ("SER (%) ↓", "ser", pct), ("n", "n", str)]
+    lines = ["| | Overall | " + " | ".join(types) + " |", "|---|" + "---:|" * (len(types) + 1)]
+    for label, key, fmt in rows:
+        lines.append(f"| {label} | {fmt(metrics[key])} | " + " | ".join(fmt(types[t][key]) for t in types) + " |")
+    return lines + ["", ("Multi-label, read off the gold program: Multi-hop (Relate or Filter*), Qualifier (QFilter*, "
+                         "QueryAttrUnderCondition, QueryAttrQualifier, QueryRelationQualifier), Comparison "
+                         "(SelectBetween, SelectAmong), Logical (And, Or), Count, Verify (Verify*); Zero-shot: the "
+                         "gold answer is not among the training split's answers.")]
+
+
 def per_category_table(metrics: dict[str, Any]) -> list[str]:
     """Categories as columns, in the layout of the paper's Table 3 (KQA Pro abbreviations), then Overall."""
     cats = list(metrics["per_category"])
     heads = [KQAPRO_ABBREVIATIONS.get(c, c) for c in cats]
-    rows = [("Hits@1 (%) ↑", "hits@1", pct), ("SER (%) ↓", "ser", pct), ("n", "n", str)]
+    rows = [("Hits@1 (%) ↑", "hits@1", _pct_or_dash), ("SER (%) ↓", "ser", pct), ("n", "n", str)]
     lines = ["| | " + " | ".join(heads) + " | Overall |", "|---|" + "---:|" * (len(cats) + 1)]
     for label, key, fmt in rows:
         cells = [fmt(metrics["per_category"][c][key]) for c in cats] + [fmt(metrics[key])]

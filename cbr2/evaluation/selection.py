@@ -39,14 +39,20 @@ def select_questions(bench: Benchmark, cfg: DictConfig) -> list[Question]:
     Returns:
         The selected questions, in evaluation order.
 
+    A split without gold answers (KQA Pro's test) is selected too: its questions are answered
+    and written for submission, not scored.
+
     Raises:
-        ConfigError: If the split has no gold answers to score against, or on a
-            ``skip_per_category`` without ``per_category``.
+        ConfigError: On a ``skip_per_category`` without ``per_category``, a ``per_category``
+            on a split without gold programs, or a split where only some questions have answers.
     """
     questions = bench.questions(cfg.data.split)
     skip = cfg.eval.skip_per_category
     if skip < 0 or (skip and cfg.eval.per_category is None):
         raise ConfigError(f"eval.skip_per_category={skip}: must be at least 0, and needs eval.per_category")
+    if cfg.eval.per_category is not None and any(q.category is None for q in questions):
+        raise ConfigError(f"eval.per_category={cfg.eval.per_category}: split {_split(bench, cfg)!r} of {bench.name} has "
+                          "no gold programs, so no categories to balance; set eval.per_category=null")
     if cfg.eval.per_category is not None:
         shuffled = list(questions)
         random.Random(cfg.eval.sample_seed).shuffle(shuffled)
@@ -59,10 +65,18 @@ def select_questions(bench: Benchmark, cfg: DictConfig) -> list[Question]:
                     questions.append(q)
     if cfg.eval.limit is not None:
         questions = questions[: cfg.eval.limit]
-    if any(q.answer is None for q in questions):
-        raise ConfigError(f"{bench.name} split {cfg.data.split or bench.family.eval_split!r} has no gold answers "
-                         "(the official KQA Pro test set keeps them private); evaluate val instead")
+    if len({q.answer is None for q in questions}) > 1:
+        raise ConfigError(f"{bench.name} split {_split(bench, cfg)!r}: some questions have gold answers and some do not")
     return questions
+
+
+def _split(bench: Benchmark, cfg: DictConfig) -> str:
+    return cfg.data.split or bench.family.eval_split
+
+
+def whole_split(bench: Benchmark, cfg: DictConfig, selection: Sequence[Question]) -> bool:
+    """Whether the selection is the whole configured split, in the file's order."""
+    return [q.qid for q in selection] == [q.qid for q in bench.questions(cfg.data.split)]
 
 
 def categories_of(bench: Benchmark) -> tuple[str, ...]:
