@@ -9,6 +9,7 @@ import pytest
 
 from cbr2.data.questions import KQAPRO_CATEGORIES
 from cbr2.evaluation.compare import ReportError, ablation_table, load_run, main, plot_per_category, table_data
+from cbr2.evaluation.metrics import ANSWER_COMPARISON
 
 PAPER_TABLE_5 = {
     # ablation -> (per category Hits@1 in KQA Pro order, overall), the paper's numbers.
@@ -27,12 +28,17 @@ HASH = "a" * 64
 
 
 def write_run(root, name, per_category, *, ablation=None, benchmark="kqapro", split="val", model="Qwen/Qwen3-8B",
-              seed=0, git="abc123", qhash=HASH, ser=0.0371, hits=None, generation=None):
-    """A run folder whose metrics.json has the structure the runner writes; ``per_category``: cat -> (hits, n)."""
+              seed=0, git="abc123", qhash=HASH, ser=0.0371, hits=None, generation=None,
+              comparison=ANSWER_COMPARISON, per_type=None):
+    """A run folder whose metrics.json has the structure the runner writes; ``per_category``: cat -> (hits, n);
+    ``per_type``: reasoning type -> (hits, n)."""
     n = sum(k for _, k in per_category.values())
     metrics = {
         "hits@1": hits if hits is not None else sum(h * k for h, k in per_category.values()) / n,
         "ser": ser, "ser_before_repair": ser + 0.01, "n": n,
+        **({"answer_comparison": comparison} if comparison else {}),
+        **({"per_reasoning_type": {t: {"hits@1": h, "ser": ser, "ser_before_repair": ser, "n": k}
+                                   for t, (h, k) in per_type.items()}} if per_type else {}),
         "per_category": {c: {"hits@1": h, "ser": ser, "ser_before_repair": ser, "n": k}
                          for c, (h, k) in per_category.items()},
         "errors": {"syntax": 0, "type": 0, "execution": 0, "empty": 0, "wrong": 0},
@@ -292,3 +298,28 @@ def test_paired_bootstrap_agrees_with_the_resampling_it_replaced(n, right_a, rig
     assert new["delta"] == pytest.approx(a.mean() - b.mean())
     assert abs(new["low"] - old[0, 0]) <= noise[0] + 1e-12 and abs(new["high"] - old[0, 1]) <= noise[1] + 1e-12
     assert paired_difference(a.tolist(), b.tolist()) == new  # seeded: the same interval every time
+
+
+def test_a_run_scored_with_an_earlier_answer_comparison_is_noted(tmp_path):
+    cats = {c: (0.5, 10) for c in KQAPRO_CATEGORIES}
+    runs = [load_run(write_run(tmp_path, "full", cats, ablation="full")),
+            load_run(write_run(tmp_path, "old", cats, ablation="chain", comparison=None))]
+    notes = table_data(runs)["notes"]
+    assert len(notes) == 1 and "Chain" in notes[0] and ANSWER_COMPARISON in notes[0]
+
+
+def test_reasoning_types_are_tabulated_and_drawn_in_the_figure_5_layout(tmp_path):
+    cats = {c: (0.5, 10) for c in KQAPRO_CATEGORIES}
+    full = write_run(tmp_path, "full", cats, ablation="full", per_type={"Multi-hop": (0.6, 50), "Zero-shot": (0.1, 5)})
+    chain = write_run(tmp_path, "chain", cats, ablation="chain", per_type={"Multi-hop": (0.4, 50)})
+    data = table_data([load_run(full), load_run(chain)])
+    assert data["reasoning_types"] == ["Multi-hop", "Zero-shot"]
+    assert data["rows"][1]["per_reasoning_type"] == {"Multi-hop": 40.0, "Zero-shot": None}
+    out = tmp_path / "report"
+    assert main([str(full), str(chain), "--out", str(out)]) == 0
+    markdown = (out / "ablation.md").read_text()
+    assert "| Setting | Overall | Multi-hop | Zero-shot |" in markdown
+    assert (out / "reasoning_types.png").stat().st_size > 0
+    metaqa = write_run(tmp_path, "m", {"1-hop": (1.0, 3)}, ablation="full", benchmark="metaqa")
+    assert main([str(metaqa), "--out", str(tmp_path / "m-report")]) == 0
+    assert not (tmp_path / "m-report" / "reasoning_types.png").exists()

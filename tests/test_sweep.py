@@ -87,15 +87,15 @@ def test_a_local_sweep_merges_shards_and_tabulates(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_failed_task_is_recorded_and_the_others_finish(tmp_path, capsys):
-    # A valid config that fails when run: mini-kqapro's test split has no gold answers (a split
-    # that does not exist is refused when the config is built, before anything is submitted).
+    # A valid config that fails when run: mini-kqapro's test split has no gold programs for the gold
+    # writer (a split that does not exist is refused when the config is built, before anything is submitted).
     code = main(["submit", "--local", "--dir", str(tmp_path), "--name", "s", "--grid", "data.split=val,test",
                  *BASE])
     assert code == 1
     summary = json.loads((tmp_path / "s" / "summary.json").read_text())
     assert summary["finished_runs"] == ["run__data.split=val"]
     assert summary["incomplete_runs"] == ["run__data.split=test"]
-    assert summary["failed"][0]["task"] == 1 and "gold answers" in summary["failed"][0]["error"]
+    assert summary["failed"][0]["task"] == 1 and "gold programs" in summary["failed"][0]["error"]
     assert main(["status", str(tmp_path / "s")]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any("failed" in line and "data.split=test" in line for line in lines)

@@ -5,7 +5,8 @@ Usage::
     python -m cbr2.evaluation.compare RUN_DIR... [--out DIR] [--title T]
 
 Each ``RUN_DIR`` is an evaluation output folder holding ``metrics.json``. Writes
-``DIR/ablation.md`` (also printed), ``DIR/ablation.json``, ``DIR/per_category.png`` and, for two
+``DIR/ablation.md`` (also printed), ``DIR/ablation.json``, ``DIR/per_category.png``, for KQA Pro
+runs ``DIR/reasoning_types.png`` (the paper's Figure 5 layout) and, for two
 or more runs, ``DIR/compare.html`` (the questions that flipped between the table's first run and
 each other one, side by side; ``cbr2.evaluation.browser``).
 
@@ -28,8 +29,9 @@ from typing import Any
 
 from cbr2.common.errors import UserError
 from cbr2.config import ABLATION_TABLE, canonical_ablation
-from cbr2.data.questions import KQAPRO_ABBREVIATIONS, KQAPRO_CATEGORIES, METAQA_CATEGORIES
+from cbr2.data.questions import KQAPRO_ABBREVIATIONS, KQAPRO_CATEGORIES, KQAPRO_REASONING_TYPES, METAQA_CATEGORIES
 from cbr2.evaluation.figures import cell, percent_bars, render_table
+from cbr2.evaluation.metrics import ANSWER_COMPARISON
 from cbr2.evaluation.run_report import pct
 
 _RANK = {a.name: i for i, a in enumerate(ABLATION_TABLE)}
@@ -233,6 +235,11 @@ def check_runs(runs: Sequence[dict[str, Any]]) -> list[str]:
     gits = groups(lambda r: r["git"])
     if len(gits) > 1:
         notes.append(f"Runs come from different git revisions ({listing(gits)}).")
+    stale = [r["label"] for r in runs if r["metrics"].get("answer_comparison") != ANSWER_COMPARISON]
+    if stale:
+        notes.append(f"The metrics.json of {', '.join(stale)} were scored with an earlier answer comparison (not "
+                     f"{ANSWER_COMPARISON}): their Hits@1 is not comparable; rerun their commands (every answer is "
+                     "cached, nothing is generated again) to score them with the current one.")
     return notes
 
 
@@ -248,6 +255,12 @@ def _columns(runs: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     known = {c for c, _ in cols}
     extra = sorted({c for r in runs for c in r["metrics"]["per_category"]} - known)
     return cols + [(c, c) for c in extra]
+
+
+def _reasoning_types(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """KQA Pro's reasoning types that some run reports, in the order of the paper's Figure 5."""
+    found = {t for r in runs for t in (r["metrics"].get("per_reasoning_type") or {})}
+    return [t for t in KQAPRO_REASONING_TYPES if t in found]
 
 
 def _variant(run: dict[str, Any]) -> tuple[str, str, str]:
@@ -277,6 +290,7 @@ def table_data(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     notes = check_runs(runs)
     ordered = labelled(runs)
     cols = _columns(ordered)
+    types = _reasoning_types(ordered)
     fulls = [r for r in ordered if r["ablation"] == "full"]
     rows = []
     for r in ordered:
@@ -297,6 +311,9 @@ def table_data(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "per_category": {c: (_percent(m["per_category"][c]["hits@1"]) if c in m["per_category"] else None)
                              for c, _ in cols},
             "per_category_n": {c: m["per_category"].get(c, {}).get("n") for c, _ in cols},
+            "per_reasoning_type": {t: (_percent(m["per_reasoning_type"][t]["hits@1"])
+                                       if t in (m.get("per_reasoning_type") or {}) else None) for t in types},
+            "per_reasoning_type_n": {t: (m.get("per_reasoning_type") or {}).get(t, {}).get("n") for t in types},
             "overall": _percent(m["hits@1"]),
             "delta_vs_full": delta,
             # Paired bootstrap over the questions both runs answered (95%), and the flips.
@@ -318,6 +335,7 @@ def table_data(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "split": first["split"] if first else None,
         "unit": "percent",
         "columns": [{"category": c, "header": h} for c, h in cols],
+        "reasoning_types": types,
         "rows": rows,
         "notes": notes,
     }
@@ -364,6 +382,16 @@ def versus_table(base: dict[str, Any], runs: Sequence[tuple[str, dict[str, Any]]
         cells += [f"{_percent(m['ser']):.2f}", "—" if spq is None else f"{spq:.2f}",
                   "—" if tokens is None else f"{tokens:.0f}", str(m["n"])]
         lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
+    everyone = [("base", base), *runs]
+    types = _reasoning_types([run for _, run in everyone])
+    if types:
+        lines += ["", "Hits@1 (%) per KQA Pro reasoning type (multi-label):", "",
+                  "| setting | Overall | " + " | ".join(types) + " |", "|---|" + "---:|" * (len(types) + 1)]
+        for label, run in everyone:
+            per = run["metrics"].get("per_reasoning_type") or {}
+            cells = [label, f"{_percent(run['metrics']['hits@1']):.2f}",
+                     *(f"{_percent(per[t]['hits@1']):.2f}" if t in per else "—" for t in types)]
+            lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -396,6 +424,24 @@ def plot_per_category(runs: Sequence[dict[str, Any]], path: str | Path, title: s
     percent_bars(series, [h for _, h in cols] + ["Overall"], path, ylabel="Hits@1 (%)", title=title)
 
 
+def plot_reasoning_types(runs: Sequence[dict[str, Any]], path: str | Path, title: str | None = None) -> bool:
+    """Write a PNG of Hits@1 overall and per KQA Pro reasoning type, one bar per run, in the layout
+    of the paper's Figure 5 (which shows the whole validation split).
+
+    Returns:
+        False (and no file) when no run reports reasoning types.
+    """
+    ordered, nan = labelled(runs), float("nan")
+    types = _reasoning_types(ordered)
+    if not types:
+        return False
+    series = [(r["label"], [100 * r["metrics"]["hits@1"]]
+               + [100 * r["metrics"]["per_reasoning_type"][t]["hits@1"]
+                  if t in (r["metrics"].get("per_reasoning_type") or {}) else nan for t in types]) for r in ordered]
+    percent_bars(series, ["Overall", *types], path, ylabel="Hits@1 (%)", title=title)
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: tabulate and plot runs; 0 on success, 2 on refused input."""
     parser = argparse.ArgumentParser(prog="python -m cbr2.evaluation.compare",
@@ -420,6 +466,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                        encoding="utf-8")
     plot_per_category(runs, out / "per_category.png", title=args.title)
     wrote = [out / "ablation.md", out / "ablation.json", out / "per_category.png"]
+    if plot_reasoning_types(runs, out / "reasoning_types.png", title=args.title):
+        wrote.append(out / "reasoning_types.png")
     if len(runs) > 1:  # the first row of the table (the full run when there is one) against each other run
         from cbr2.evaluation.browser import write_compare
 

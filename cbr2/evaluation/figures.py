@@ -44,6 +44,17 @@ def render_table(data: dict[str, Any], title: str | None = None) -> str:
         flips = "—" if not row.get("flips") else f"+{row['flips']['gained']} / −{row['flips']['lost']}"
         lines.append("| " + " | ".join([cell(group), cell(row["setting"]), *cells, f"{row['overall']:.2f}", delta,
                                         ci, flips, f"{row['ser']:.2f}", str(row["n"])]) + " |")
+    types = data.get("reasoning_types") or []
+    if types:
+        lines += ["", "## Per reasoning type", "",
+                  ("Hits@1 (%) overall and per KQA Pro reasoning type (the layout of the paper's Figure 5); "
+                   "multi-label, so a question counts in each of its types."), "",
+                  "| Setting | Overall | " + " | ".join(types) + " |", "|---|" + "---:|" * (len(types) + 1)]
+        for row in data["rows"]:
+            cells = [f"{v:.2f}" if v is not None else "—" for v in (row["per_reasoning_type"][t] for t in types)]
+            lines.append("| " + " | ".join([cell(row["setting"]), f"{row['overall']:.2f}", *cells]) + " |")
+        ns = data["rows"][0]["per_reasoning_type_n"] if data["rows"] else {}
+        lines += ["", "n per type (first row): " + ", ".join(f"{t} {ns.get(t)}" for t in types) + "."]
     if data["notes"]:
         for note in data["notes"]:
             # A blank line between notes, or Markdown merges them into one paragraph.
