@@ -17,6 +17,7 @@ import sys
 from cbr2.common.console import setup_logging
 from cbr2.common.errors import UserError
 from cbr2.config import ABLATIONS, Config, add_config_arguments, config_from_args
+from cbr2.evaluation.run_report import summary_line
 from cbr2.evaluation.runner import run_evaluation, show_prompt
 from cbr2.llm.openai_compat import LLMRequestError
 
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sketch-hit@5 {hits}  knowledge recall {recall if recall is None else f'{recall:.4f}'}{linked}  "
               f"n={metrics['n']}  -> {where}")
     else:
-        print(f"Hits@1 {metrics['hits@1']:.4f}  SER {metrics['ser']:.4f}  n={metrics['n']}  -> {where}")
+        print(summary_line(metrics, where))
     return 0
 
 

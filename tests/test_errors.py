@@ -218,8 +218,8 @@ def test_compute_metrics_carries_the_analysis_and_keeps_its_keys():
     records = [record(EVEREST, EVEREST, qid="a", correct=True),
                record(CAPITAL.replace("forward", "backward"), CAPITAL, qid="b", category="QueryName")]
     metrics = compute_metrics(records, ("QueryAttr", "QueryName"))
-    assert set(metrics) == {"hits@1", "ser", "ser_before_repair", "n", "per_category", "errors", "prompt_too_long",
-                            "error_analysis"}
+    assert set(metrics) == {"hits@1", "ser", "ser_before_repair", "n", "answer_comparison", "per_category", "errors",
+                            "prompt_too_long", "error_analysis"}
     assert metrics["errors"]["wrong"] == 1 and metrics["hits@1"] == 0.5
     assert metrics["error_analysis"] == analyze(records, ("QueryAttr", "QueryName"))
     assert metrics["error_analysis"]["classes"]["direction"] == 1

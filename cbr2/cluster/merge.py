@@ -31,6 +31,7 @@ from cbr2.data.benchmarks import Benchmark
 from cbr2.evaluation.metrics import merge_retrieval
 from cbr2.evaluation.records import Prediction, load_records, record_line
 from cbr2.evaluation.run_folder import check_same_config, finish_run, load_predictions, write_config
+from cbr2.evaluation.run_report import summary_line
 from cbr2.evaluation.selection import check_shard, select_questions, selection_sha256
 
 log = logging.getLogger(__name__)
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if "hits@1" in metrics:
-        print(f"Hits@1 {metrics['hits@1']:.4f}  SER {metrics['ser']:.4f}  n={metrics['n']}  -> {out}")
+        print(summary_line(metrics, out))
     else:
         print(f"retrieval of n={metrics['n']} questions -> {out}")
     return 0

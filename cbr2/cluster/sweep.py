@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if not summary["incomplete_runs"] else 1
         else:
             for s in task_states(sweep):
-                extra = f"  hits@1 {s['hits@1']:.4f}" if "hits@1" in s else (f"  {s['error']}" if s.get("error") else "")
+                extra = f"  hits@1 {s['hits@1']:.4f}" if s.get("hits@1") is not None else (f"  {s['error']}" if s.get("error") else "")
                 print(f"{s['task']:>4}  {s['state']:<8} {s['run']} shard {s['shard']}{extra}")
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -77,7 +77,8 @@ class Prediction(_Judged, total=False):
     values (``scoring``); the cache keys ``prompt_hash`` and ``generation_key``, the token
     counts and ``latency_s`` (the runner); ``grounded`` with grounded decoding (each grounded-kind
     argument and whether the question's candidates held it, ``cbr2.generation.grounded``);
-    ``single_pass`` and ``fallback`` with ``generation.fallback`` on. Records of older runs may lack some keys; readers use ``.get``
+    ``single_pass`` and ``fallback`` with ``generation.fallback`` on; ``reasoning_types`` (KQA Pro's, of the
+    gold program: ``data.questions.question_record``). Records of older runs may lack some keys; readers use ``.get``
     for those.
     """
 
@@ -90,6 +91,7 @@ class Prediction(_Judged, total=False):
     completion_tokens: int | None
     latency_s: float | None
     grounded: list[dict[str, Any]]
+    reasoning_types: list[str]
     single_pass: dict[str, Any]
     fallback: FallbackInfo
 

@@ -26,6 +26,12 @@ EXAMPLE_CHARS = 1500
 """Longest program or generated text an error example shows; raw generations can be long."""
 
 
+def summary_line(metrics: dict[str, Any], where: str | Path) -> str:
+    """The one line a run prints when it ends: Hits@1 (or that the split has no gold answers), SER, n."""
+    hits = "no gold answers" if metrics["hits@1"] is None else f"Hits@1 {metrics['hits@1']:.4f}"
+    return f"{hits}  SER {metrics['ser']:.4f}  n={metrics['n']}  -> {where}"
+
+
 def pct(x: float) -> str:
     """A fraction as a percentage with two decimals, as the paper prints them."""
     return f"{100 * x:.2f}"

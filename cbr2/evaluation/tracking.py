@@ -68,6 +68,8 @@ def log_evaluation(cfg: Any, metrics: dict[str, Any], records: list[dict[str, An
         run.summary.update({f"generation/{k}": v for k, v in metrics.get("generation", {}).items() if v is not None})
         for cat, m in metrics["per_category"].items():
             run.summary.update({f"per_category/{cat}/hits@1": m["hits@1"], f"per_category/{cat}/ser": m["ser"]})
+        for kind, m in (metrics.get("per_reasoning_type") or {}).items():
+            run.summary.update({f"per_reasoning_type/{kind}/hits@1": m["hits@1"], f"per_reasoning_type/{kind}/n": m["n"]})
         per_cat = wandb.Table(columns=["category", "hits@1", "ser", "ser_before_repair", "n"],
                               data=[[c, m["hits@1"], m["ser"], m["ser_before_repair"], m["n"]]
                                     for c, m in metrics["per_category"].items()])
