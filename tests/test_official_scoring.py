@@ -110,8 +110,8 @@ def test_a_last_function_of_no_category_is_an_error_at_load(tmp_path):
     ("r1: FindAll[] → FilterConcept[city] → Count[]", "2", ("Multi-hop", "Count")),
     ("r1: Find[Warsaw] → QueryAttrUnderCondition[population | point in time | 2021]", "new",
      ("Qualifier", "Zero-shot")),
-    ("r1: Find[Marie Curie] → Relate[award received | forward] → QFilterYear[point in time | 1903 | =] → "
-     "QueryName[]", "Nobel Prize in Physics", ("Multi-hop", "Qualifier")),
+    (("r1: Find[Marie Curie] → Relate[award received | forward] → QFilterYear[point in time | 1903 | =] → "
+      "QueryName[]"), "Nobel Prize in Physics", ("Multi-hop", "Qualifier")),
     ("r1: Find[Warsaw]\nr2: Find[Paris]\nr3: (r1, r2) → SelectBetween[population | greater]", "Warsaw",
      ("Comparison",)),
     ("r1: Find[Warsaw]\nr2: Find[Paris]\nr3: (r1, r2) → Or[] → Count[]", "2", ("Logical", "Count")),

@@ -10,7 +10,7 @@ from typing import Any
 from cbr2.data.reading import DataError, read_json, read_text
 from cbr2.data.schema import parse_metaqa_question_line, parse_metaqa_questions, validate_kqapro_questions
 from cbr2.kopl.functions import canonical_name
-from cbr2.kopl.program import Program, ProgramError, Step
+from cbr2.kopl.program import Program, Step
 from cbr2.kopl.text import to_text
 
 KQAPRO_CATEGORIES = (
