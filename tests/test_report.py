@@ -323,3 +323,25 @@ def test_reasoning_types_are_tabulated_and_drawn_in_the_figure_5_layout(tmp_path
     metaqa = write_run(tmp_path, "m", {"1-hop": (1.0, 3)}, ablation="full", benchmark="metaqa")
     assert main([str(metaqa), "--out", str(tmp_path / "m-report")]) == 0
     assert not (tmp_path / "m-report" / "reasoning_types.png").exists()
+
+
+def test_runs_of_several_models_make_a_model_size_ladder(tmp_path):
+    from cbr2.evaluation.compare import ladder_data, render_ladder
+    from cbr2.llm.packaged import parameters_b
+
+    cats = lambda h: {c: (h, 10) for c in KQAPRO_CATEGORIES}
+    dirs = [write_run(tmp_path, f"{m}-{a}", cats(h), ablation=a, model=m)
+            for m, a, h in [("qwen2.5-coder-1.5b", "full", 0.6), ("qwen2.5-coder-1.5b", "w/o_knowledge", 0.5),
+                            ("smollm2-135m", "full", 0.2), ("smollm2-135m", "w/o_knowledge", 0.3)]]
+    ladder = ladder_data(table_data([load_run(d) for d in dirs]))
+    assert [m["model"] for m in ladder["models"]] == ["smollm2-135m", "qwen2.5-coder-1.5b"]  # by size
+    assert parameters_b("Qwen/Qwen3-8B") == 8.0 and ladder["models"][0]["params_b"] == 0.135
+    wo = ladder["cells"]["-w/o knowledge"]
+    assert (wo["smollm2-135m"]["delta"], wo["qwen2.5-coder-1.5b"]["delta"]) == (10.0, -10.0)
+    low, high = wo["smollm2-135m"]["ci"]
+    assert low < 30.0 < high and wo["smollm2-135m"]["n"] == 90
+    assert "| -w/o knowledge | 30.00 (+10.00) | 50.00 (-10.00) |" in render_ladder(ladder)
+    out = tmp_path / "report"
+    assert main([*map(str, dirs), "--out", str(out)]) == 0
+    assert (out / "ladder.png").stat().st_size > 0 and json.loads((out / "ladder.json").read_text()) == ladder
+    assert ladder_data(table_data([load_run(d) for d in dirs[:2]])) is None  # one model: no ladder

@@ -7,7 +7,8 @@ Usage::
 Each ``RUN_DIR`` is an evaluation output folder holding ``metrics.json``. Writes
 ``DIR/ablation.md`` (also printed), ``DIR/ablation.json``, ``DIR/per_category.png``, for KQA Pro
 runs ``DIR/reasoning_types.png`` (the paper's Figure 5 layout) and, for two
-or more runs, ``DIR/compare.html`` (the questions that flipped between the table's first run and
+or more runs, ``DIR/compare.html``; for runs of two or more models, ``DIR/ladder.md``, ``ladder.json`` and
+``ladder.png`` (each setting's Hits@1 against model size, ``ladder_data``) (the questions that flipped between the table's first run and
 each other one, side by side; ``cbr2.evaluation.browser``).
 
 Honesty rules that live here:
@@ -30,7 +31,7 @@ from typing import Any
 from cbr2.common.errors import UserError
 from cbr2.config import ABLATION_TABLE, canonical_ablation
 from cbr2.data.questions import KQAPRO_ABBREVIATIONS, KQAPRO_CATEGORIES, KQAPRO_REASONING_TYPES, METAQA_CATEGORIES
-from cbr2.evaluation.figures import cell, percent_bars, render_table
+from cbr2.evaluation.figures import cell, percent_bars, render_table, size_lines
 from cbr2.evaluation.metrics import ANSWER_COMPARISON
 from cbr2.evaluation.run_report import pct
 
@@ -306,6 +307,7 @@ def table_data(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         rows.append({
             "group": r["group"],
             "setting": r["label"],
+            "base": r["base"],
             "ablation": r["ablation"],
             "run_dir": str(r["dir"]),
             "per_category": {c: (_percent(m["per_category"][c]["hits@1"]) if c in m["per_category"] else None)
@@ -424,6 +426,73 @@ def plot_per_category(runs: Sequence[dict[str, Any]], path: str | Path, title: s
     percent_bars(series, [h for _, h in cols] + ["Overall"], path, ylabel="Hits@1 (%)", title=title)
 
 
+def ladder_data(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The model-size ladder of ``table_data``'s rows: each setting's Hits@1 and Δ vs full per model.
+
+    Answers the question a user asks first of runs over several model sizes: do knowledge and the
+    two case views help more as the model grows? Δ is each row's own (against the full run of the
+    same LLM and seed, with its paired interval); Hits@1 gets its 95% Wilson interval.
+
+    Returns:
+        ``{"models": [{"model", "params_b"}] (by size), "settings": [base labels, Table 5 order],
+        "cells": {setting: {model: {"hits@1", "ci", "n", "delta", "delta_ci"}}}}``; None when the rows
+        hold fewer than two models.
+    """
+    from scipy.stats import binomtest
+
+    from cbr2.llm.packaged import parameters_b
+
+    models = list(dict.fromkeys(r["llm"]["model"] for r in data["rows"]))
+    if len(models) < 2:
+        return None
+    sizes = {m: parameters_b(m) for m in models}
+    models.sort(key=lambda m: (sizes[m] is None, sizes[m] or 0.0, str(m)))
+    cells: dict[str, dict[str, Any]] = {}
+    for row in data["rows"]:
+        k = round(row["overall"] * row["n"] / 100)
+        ci = binomtest(k, row["n"]).proportion_ci(method="wilson") if row["n"] else None
+        cells.setdefault(row["base"], {})[row["llm"]["model"]] = {
+            "hits@1": row["overall"], "n": row["n"],
+            "ci": None if ci is None else [_percent(ci.low), _percent(ci.high)],
+            "delta": row["delta_vs_full"], "delta_ci": row["delta_ci"]}
+    return {"models": [{"model": m, "params_b": sizes[m]} for m in models], "settings": list(cells), "cells": cells}
+
+
+def render_ladder(ladder: dict[str, Any], title: str | None = None) -> str:
+    """Markdown of ``ladder_data``: one row per setting, per model its Hits@1 and Δ vs full [95% CI]."""
+    models = [m["model"] for m in ladder["models"]]
+    sizes = {m["model"]: m["params_b"] for m in ladder["models"]}
+    heads = [f"{m} ({sizes[m]:g}B)" if sizes[m] is not None else str(m) for m in models]
+    lines = [f"# {title or 'Model-size ladder'}", "",
+             ("Hits@1 (%) of each setting per model, then Δ vs the full run of the same model (points) with its "
+              "95% paired bootstrap interval."), "",
+             "| Setting | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(models)]
+    for setting in ladder["settings"]:
+        parts = []
+        for m in models:
+            c = ladder["cells"][setting].get(m)
+            if c is None:
+                parts.append("—")
+                continue
+            text = f"{c['hits@1']:.2f}"
+            if c["delta"] is not None:
+                ci = f" [{c['delta_ci'][0]:+.2f}, {c['delta_ci'][1]:+.2f}]" if c["delta_ci"] else ""
+                text += f" ({c['delta']:+.2f}{ci})"
+            parts.append(text)
+        lines.append("| " + " | ".join([cell(setting), *parts]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_ladder(ladder: dict[str, Any], path: str | Path, title: str | None = None) -> None:
+    """Write a PNG of Hits@1 against model size, one line per setting with its 95% Wilson interval."""
+    series = []
+    for setting in ladder["settings"]:
+        points = [(m["params_b"], ladder["cells"][setting][m["model"]]) for m in ladder["models"]
+                  if m["params_b"] is not None and m["model"] in ladder["cells"][setting]]
+        series.append((setting, [(x, c["hits@1"], c["ci"]) for x, c in points]))
+    size_lines(series, path, xlabel="parameters (billions, log scale)", ylabel="Hits@1 (%)", title=title)
+
+
 def plot_reasoning_types(runs: Sequence[dict[str, Any]], path: str | Path, title: str | None = None) -> bool:
     """Write a PNG of Hits@1 overall and per KQA Pro reasoning type, one bar per run, in the layout
     of the paper's Figure 5 (which shows the whole validation split).
@@ -468,6 +537,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     wrote = [out / "ablation.md", out / "ablation.json", out / "per_category.png"]
     if plot_reasoning_types(runs, out / "reasoning_types.png", title=args.title):
         wrote.append(out / "reasoning_types.png")
+    ladder = ladder_data(data)
+    if ladder is not None:  # runs of two or more models: the model-size ladder
+        (out / "ladder.md").write_text(render_ladder(ladder, args.title), encoding="utf-8")
+        (out / "ladder.json").write_text(json.dumps(ladder, indent=2) + "\n", encoding="utf-8")
+        plot_ladder(ladder, out / "ladder.png", title=args.title)
+        wrote += [out / "ladder.md", out / "ladder.json", out / "ladder.png"]
     if len(runs) > 1:  # the first row of the table (the full run when there is one) against each other run
         from cbr2.evaluation.browser import write_compare
 

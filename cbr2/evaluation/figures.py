@@ -3,7 +3,8 @@
 ``render_table`` writes the numbers ``cbr2.evaluation.compare.table_data`` computes in the layout
 of the paper's Table 5 (``ablation.md``); ``percent_bars`` draws a grouped bar chart of
 percentages (matplotlib, imported when a chart is drawn), as ``compare.plot_per_category`` draws
-Hits@1 per category (``per_category.png``, like the paper's Figure 5).
+Hits@1 per category (``per_category.png``, like the paper's Figure 5); ``size_lines`` draws values
+against a model size (``compare.plot_ladder``, ``ladder.png``).
 """
 
 from __future__ import annotations
@@ -100,6 +101,44 @@ def percent_bars(series: Sequence[tuple[str, Sequence[float]]], groups: Sequence
     if title:
         ax.set_title(title)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=min(n_runs, 4), frameon=False)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def size_lines(series: Sequence[tuple[str, Sequence[tuple[float, float, Sequence[float] | None]]]],
+               path: str | Path, xlabel: str, ylabel: str, title: str | None = None) -> None:
+    """Write a line chart of values in [0, 100] against a size on a log axis, with error bars.
+
+    Args:
+        series: ``(legend label, [(size, value, [low, high] or None), ...])`` per line.
+        path: The PNG to write.
+        xlabel, ylabel: Axis labels.
+        title: Chart title; none when unset.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8.0, 5.5), dpi=120)
+    cmap = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
+    sizes = sorted({x for _, points in series for x, _, _ in points})
+    for i, (label, points) in enumerate(series):
+        points = sorted(points)
+        xs, ys = [x for x, _, _ in points], [y for _, y, _ in points]
+        err = [[y - (ci[0] if ci else y) for _, y, ci in points], [(ci[1] if ci else y) - y for _, y, ci in points]]
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label, color=cmap(i % cmap.N))
+    ax.set_xscale("log")
+    ax.set_xticks(sizes, [f"{x:g}" for x in sizes])
+    ax.minorticks_off()
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, frameon=False)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

