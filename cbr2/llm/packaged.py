@@ -64,7 +64,7 @@ class PackagedModel:
 
 
 def _chunked(name: str, title: str, prefix: str, count: int, size: int, sha256: str, version: str,
-             params_b: float) -> PackagedModel:
+             params_b: float | None = None) -> PackagedModel:
     return PackagedModel(name, title, tuple(f"{prefix}{i}" for i in range(1, count + 1)),
                          tuple(f"data/part{i:02d}.bin" for i in range(1, count + 1)), size, sha256, version,
                          params_b=params_b)
