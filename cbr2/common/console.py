@@ -133,7 +133,7 @@ _LINE_NO_TOTAL = "{desc} {n_fmt} · {rate_fmt} · {elapsed} elapsed{postfix}"
 
 
 def progress(total: int | None, desc: str, unit: str = "it", initial: int = 0, logger: logging.Logger | None = None,
-             disable: bool = False) -> Any:
+             disable: bool = False, unit_scale: bool = False) -> Any:
     """A tqdm progress display: a bar on a terminal, a logged line every ``LINE_EVERY_S`` seconds otherwise.
 
     Off a terminal the lines go through ``logger``: one when the loop starts, then at an update
@@ -151,6 +151,7 @@ def progress(total: int | None, desc: str, unit: str = "it", initial: int = 0, l
         initial: Items already done (a resumed job).
         logger: Where lines go off a terminal (default: ``cbr2.progress``).
         disable: Show nothing.
+        unit_scale: Write counts with SI prefixes (``12.3MB``), for bytes.
 
     Returns:
         The ``tqdm`` object (``update``, ``set_postfix_str``, ``n``, ``close``).
@@ -159,9 +160,9 @@ def progress(total: int | None, desc: str, unit: str = "it", initial: int = 0, l
 
     if sys.stderr.isatty():
         return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True,
-                    disable=disable)
+                    disable=disable, unit_scale=unit_scale)
     # miniters=1: at most one line per LINE_EVERY_S, decided at each update; tqdm's adaptive
     # miniters would let its monitor thread print between updates. smoothing=0: average rates.
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=disable,
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=disable, unit_scale=unit_scale,
                 file=_LogLines(logger or logging.getLogger("cbr2.progress")), mininterval=LINE_EVERY_S,
                 miniters=1, smoothing=0, bar_format=_LINE if total is not None else _LINE_NO_TOTAL)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from cbr2.kopl.text import MAX_ARG_CHARS, unwritable
@@ -81,16 +81,21 @@ def kqapro_kb_strings(raw: dict[str, Any]) -> Iterable[tuple[str, str, bool]]:
             yield from _qualifiers(f"{here}.attributes[{k}]", att.get("qualifiers", {}))
         for k, rel in enumerate(ent.get("relations", ())):
             field = "relation" if "relation" in rel else "predicate"
-            yield f"{here}.relations[{k}].{field}", rel[field], True
+            if field in rel:  # a relation without a name is a problem of its own (cbr2.data.schema)
+                yield f"{here}.relations[{k}].{field}", rel[field], True
             yield from _qualifiers(f"{here}.relations[{k}]", rel.get("qualifiers", {}))
 
 
-def first_problem(strings: Iterable[tuple[str, str, bool]]) -> tuple[str, str] | None:
-    """``(item, what)`` of the first string of ``strings`` that cannot be carried, or None."""
+def string_problems(strings: Iterable[tuple[str, str, bool]]) -> Iterator[tuple[str, str]]:
+    """``(item, what)`` of each string of ``strings`` that cannot be carried, in order."""
     for item, text, is_name in strings:
         if text and text.isascii() and len(text) <= MAX_ARG_CHARS:
             continue  # the bulk of any KB: fine, and checked without a regex
         problem = name_problem(text, is_name)
         if problem:
-            return item, f"{text[:40]!r}{'...' if len(text) > 40 else ''} {problem}"
-    return None
+            yield item, f"{text[:40]!r}{'...' if len(text) > 40 else ''} {problem}"
+
+
+def first_problem(strings: Iterable[tuple[str, str, bool]]) -> tuple[str, str] | None:
+    """``(item, what)`` of the first string of ``strings`` that cannot be carried, or None."""
+    return next(string_problems(strings), None)

@@ -7,7 +7,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from cbr2.data.reading import DataError, read_json, read_text
+from cbr2.data.reading import DataError, Problems, read_json, read_text
 from cbr2.data.schema import parse_metaqa_question_line, parse_metaqa_questions, validate_kqapro_questions
 from cbr2.kopl.functions import canonical_name
 from cbr2.kopl.program import Program, Step
@@ -61,7 +61,8 @@ class Question:
             question.
         program: Gold program, or None (KQA Pro test).
         answer: Gold answer: one string (KQA Pro) or a list of names (MetaQA); None if unknown.
-        category: KQA Pro category or MetaQA ``{k}-hop``; None without a program.
+        category: KQA Pro category or MetaQA ``{k}-hop``; None without a program (MetaQA: the
+            hop of the question's folder when it has no qtype file).
         choices: KQA Pro's 10 choices (empty for MetaQA).
         reasoning_types: KQA Pro's reasoning types of the question (``KQAPRO_REASONING_TYPES``,
             set by ``Benchmark.questions``, which knows the training answers); empty for MetaQA
@@ -194,36 +195,56 @@ def metaqa_program(topic: str, qtype: str) -> Program:
     return Program(tuple(steps))
 
 
-def load_metaqa_questions(root: str | Path, split: str, hops: tuple[int, ...] = (1, 2, 3)) -> list[Question]:
+def load_metaqa_questions(root: str | Path, split: str, hops: tuple[int, ...] = (1, 2, 3),
+                          problems: Problems | None = None) -> list[Question]:
     """Read MetaQA's ``{k}-hop/vanilla/qa_{split}.txt`` with ``{k}-hop/qa_{split}_qtype.txt``.
 
     Each line is ``question with [topic]<TAB>ans1|ans2``; answers split on ``|`` only, so
     names with commas stay whole. The program comes from the qtype line of the same index.
+    Without a hop's qtype file (the public test questions are redistributed without them), its
+    questions load with the hop of their folder as category and no gold program.
+
+    Args:
+        root: The MetaQA folder.
+        split: ``train``, ``dev`` or ``test``.
+        hops: Which ``{k}-hop`` folders to read.
+        problems: Where to report; default: raise the first. With a collecting one, the
+            questions of the lines without a problem.
 
     Raises:
         DatasetFormatError: Naming file and line of a malformed line (no tab, not one
-            ``[topic]``, an empty answer, not UTF-8), a missing qtype file or a line-count mismatch.
+            ``[topic]``, an empty answer, not UTF-8, a qtype that is no chain), a missing
+            question file or a line-count mismatch, unless ``problems`` collects.
     """
     root = Path(root)
+    problems = Problems() if problems is None else problems
     out: list[Question] = []
     for k in hops:
         qa_path = root / f"{k}-hop" / "vanilla" / f"qa_{split}.txt"
         qtype_path = root / f"{k}-hop" / f"qa_{split}_qtype.txt"
-        for p in (qa_path, qtype_path):
-            if not p.is_file():
-                raise DatasetFormatError(f"{p}: file not found (MetaQA layout: {{k}}-hop/vanilla/qa_{{split}}.txt "
-                                         "and {k}-hop/qa_{split}_qtype.txt)")
-        rows = parse_metaqa_questions(read_text(qa_path), str(qa_path))
-        qtypes = read_text(qtype_path).splitlines()
-        if len(rows) != len(qtypes):
-            raise DatasetFormatError(f"{qtype_path}: {len(qtypes)} lines, but {qa_path} has {len(rows)}")
-        for lineno, (row, qtype) in enumerate(zip(rows, qtypes, strict=True), 1):
-            try:
-                program = metaqa_program(row["topic"], qtype)
-            except ValueError as err:
-                raise DatasetFormatError(f"{qtype_path}: line {lineno}: {err}") from err
-            out.append(Question(qid=f"{k}hop-{split}-{lineno}", question=row["question"], program=program,
-                                answer=row["answers"], category=metaqa_category(program)))
+        if not qa_path.is_file():
+            problems.add(f"{qa_path}: file not found (MetaQA layout: {{k}}-hop/vanilla/qa_{{split}}.txt, "
+                         "with {k}-hop/qa_{split}_qtype.txt for the gold programs)")
+            continue
+        text = problems.guard(lambda p=qa_path: read_text(p))
+        if text is None:
+            continue
+        rows = parse_metaqa_questions(text, str(qa_path), problems)
+        qtypes = problems.guard(lambda p=qtype_path: read_text(p).splitlines()) if qtype_path.is_file() else None
+        if qtypes is not None and len(qtypes) != len(text.splitlines()):
+            problems.add(f"{qtype_path}: {len(qtypes)} lines, but {qa_path} has {len(text.splitlines())}")
+            qtypes = None
+        for row in rows:
+            program, category = None, f"{k}-hop"
+            if qtypes is not None:
+                try:
+                    program = metaqa_program(row["topic"], qtypes[row["line"] - 1])
+                except ValueError as err:
+                    problems.add(f"{qtype_path}: line {row['line']}: {err}")
+                    continue
+                category = metaqa_category(program)
+            out.append(Question(qid=f"{k}hop-{split}-{row['line']}", question=row["question"], program=program,
+                                answer=row["answers"], category=category))
     return out
 
 

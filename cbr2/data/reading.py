@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cbr2.common.errors import UserError
+
+T = TypeVar("T")
 
 
 class DataError(UserError):
@@ -19,6 +21,42 @@ class DataError(UserError):
     The message is ``<file>: <item>: <what is wrong>``; the item is a path into the file
     (``entities["Q42"].attributes[3]``, ``[17].answer``) or a line (``line 12``).
     """
+
+
+class Problems:
+    """Where a validator reports what is wrong with a file.
+
+    The loaders stop at the first problem (``collect=False``, the default: ``add`` raises it as
+    a ``DataError``); ``python -m cbr2.data check`` lists them all (``collect=True``: ``add``
+    keeps it in ``found`` and the validator goes on). The rules themselves are written once,
+    in the validators, whichever way they report.
+
+    Attributes:
+        collect: Keep going after a problem instead of raising it.
+        found: Every message added, in order (``<file>: <item>: <what is wrong>``).
+    """
+
+    def __init__(self, collect: bool = False):
+        self.collect = collect
+        self.found: list[str] = []
+
+    def add(self, message: str) -> None:
+        """Report one problem: raise it, or keep it when collecting.
+
+        Raises:
+            DataError: With ``message``, unless collecting.
+        """
+        if not self.collect:
+            raise DataError(message)
+        self.found.append(message)
+
+    def guard(self, read: Callable[[], T]) -> T | None:
+        """``read()``, or None after reporting the ``DataError`` it raised (a file that cannot be read at all)."""
+        try:
+            return read()
+        except DataError as err:
+            self.add(str(err))
+            return None
 
 
 def read_text(path: str | Path) -> str:

@@ -9,7 +9,9 @@ relation's target exists, no single question lacks its answer) run right after t
 ones, in the same functions.
 
 Every rejection is a ``DataError`` whose message reads ``<file>: <item>: <what is wrong>``,
-e.g. ``kb.json: entities["Q42"].attributes[3]: missing key 'key'``.
+e.g. ``kb.json: entities["Q42"].attributes[3]: missing key 'key'``. Loading stops at the first;
+given a collecting ``Problems`` (``cbr2.data.reading``), the same functions report every problem
+in that form and go on (``python -m cbr2.data check``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, Validati
 from typing_extensions import NotRequired, TypedDict  # pydantic needs these on Python < 3.12
 
 from cbr2.common.files import gc_paused
-from cbr2.data.names import first_problem, kqapro_kb_strings, kqapro_question_strings, question_problem
-from cbr2.data.reading import DataError, text_lines
+from cbr2.data.names import kqapro_kb_strings, kqapro_question_strings, question_problem, string_problems
+from cbr2.data.reading import DataError, Problems, text_lines
 
 # ------------------------------------------------------------------- error messages
 
@@ -232,24 +234,36 @@ def _adapter(schema: Any) -> TypeAdapter:
     return TypeAdapter(schema)
 
 
-def _check_strings(source: str, strings: Iterable[tuple[str, str, bool]]) -> None:
-    """Reject the first name or value the program text cannot carry (``cbr2.data.names``)."""
-    if bad := first_problem(strings):
-        raise DataError(f"{source}: {bad[0]}: {bad[1]}")
+def _check_strings(source: str, strings: Iterable[tuple[str, str, bool]], problems: Problems) -> None:
+    """Report the names and values the program text cannot carry (``cbr2.data.names``)."""
+    for item, what in string_problems(strings):
+        problems.add(f"{source}: {item}: {what}")
 
 
-def _check(schema: Any, raw: Any, source: str, mappings: frozenset[str] = frozenset()) -> None:
-    """Validate ``raw`` against ``schema``; the validated copy is dropped, the caller keeps ``raw``."""
+def _check(schema: Any, raw: Any, source: str, problems: Problems,
+           mappings: frozenset[str] = frozenset()) -> list[tuple[str | int, ...]]:
+    """Validate ``raw`` against ``schema``; the validated copy is dropped, the caller keeps ``raw``.
+
+    Returns:
+        The places (pydantic ``loc``) of the problems found, when ``problems`` collects them:
+        the checks that follow skip the items they are in, whose structure they cannot trust.
+    """
     try:
         # Validation builds (and drops) a copy of the parsed file; json.loads is left alone, since
         # what it builds is kept and pausing would only defer the collection.
         with gc_paused():
             _adapter(schema).validate_python(raw)
     except ValidationError as err:
-        _raise_first(source, err, raw, mappings)
+        if not problems.collect:
+            _raise_first(source, err, raw, mappings)
+        errors = err.errors(include_url=False)
+        for e in errors:
+            problems.add(f"{source}: {_item(e['loc'], raw, mappings)}: {_what(e)}")
+        return [e["loc"] for e in errors]
+    return []
 
 
-def validate_kqapro_kb(raw: Any, source: str) -> None:
+def validate_kqapro_kb(raw: Any, source: str, problems: Problems | None = None) -> None:
     """Check a parsed KQA Pro ``kb.json`` (either schema) before it is read.
 
     Structure first (one pydantic pass over the whole dict, in pydantic's compiled core), then
@@ -260,26 +274,36 @@ def validate_kqapro_kb(raw: Any, source: str) -> None:
     Args:
         raw: The parsed file.
         source: The file, for messages.
+        problems: Where to report; default: raise the first. A collecting one gets every
+            problem; an entity or concept with a structural problem is not checked further.
 
     Raises:
-        DataError: At the first problem, e.g.
+        DataError: At the first problem, unless ``problems`` collects, e.g.
             ``kb.json: entities["Q42"].relations[0].object: unknown entity or concept 'Q9'``.
     """
-    _check(KQAProKB, raw, source, _KB_MAPPINGS)
+    problems = Problems() if problems is None else problems
+    broken = _check(KQAProKB, raw, source, problems, _KB_MAPPINGS)
+    if any(len(loc) < 2 for loc in broken):
+        return  # the top level itself is broken: nothing below it can be trusted
     concepts, entities = raw["concepts"], raw["entities"]
+    if broken:  # collecting: go on with the items whose structure holds
+        bad = {loc[:2] for loc in broken}
+        raw = {"concepts": {k: v for k, v in concepts.items() if ("concepts", k) not in bad},
+               "entities": {k: v for k, v in entities.items() if ("entities", k) not in bad}}
 
     def fail(item: str, what: str) -> None:
-        raise DataError(f"{source}: {item}: {what}")
+        problems.add(f"{source}: {item}: {what}")
 
-    for cid, con in concepts.items():
+    for cid, con in raw["concepts"].items():
         here = f"concepts[{json.dumps(cid, ensure_ascii=False)}]"
         field = "subclassOf" if "subclassOf" in con else "instanceOf"
         if field not in con:
             fail(here, "missing key 'subclassOf' (or 'instanceOf', the older schema's name)")
+            continue
         for k, parent in enumerate(con[field]):
             if parent not in concepts:
                 fail(f"{here}.{field}[{k}]", f"unknown concept {parent!r}")
-    for eid, ent in entities.items():
+    for eid, ent in raw["entities"].items():
         here = f"entities[{json.dumps(eid, ensure_ascii=False)}]"
         for k, cid in enumerate(ent.get("instanceOf", ())):
             if cid not in concepts:
@@ -289,10 +313,10 @@ def validate_kqapro_kb(raw: Any, source: str) -> None:
                 fail(f"{here}.relations[{k}]", "missing key 'relation' (or 'predicate', the older schema's name)")
             if rel["object"] not in entities and rel["object"] not in concepts:
                 fail(f"{here}.relations[{k}].object", f"unknown entity or concept {rel['object']!r}")
-    _check_strings(source, kqapro_kb_strings(raw))
+    _check_strings(source, kqapro_kb_strings(raw), problems)
 
 
-def validate_kqapro_questions(raw: Any, source: str) -> None:
+def validate_kqapro_questions(raw: Any, source: str, problems: Problems | None = None) -> set[int]:
     """Check a parsed KQA Pro ``train.json`` / ``val.json`` / ``test.json``.
 
     Beyond the structure: every question has a text (``question``, ``rewrite`` or ``origin``),
@@ -303,63 +327,101 @@ def validate_kqapro_questions(raw: Any, source: str) -> None:
     Args:
         raw: The parsed file.
         source: The file, for messages.
+        problems: Where to report; default: raise the first. A collecting one gets every
+            problem; a question with a structural problem is not checked further.
+
+    Returns:
+        The indices of the questions whose structure is broken (when ``problems`` collects):
+        what reads them further must skip them.
 
     Raises:
-        DataError: At the first problem, e.g. ``val.json: [3]: missing key 'answer' ...``.
+        DataError: At the first problem, unless ``problems`` collects, e.g.
+            ``val.json: [3]: missing key 'answer' ...``.
     """
-    _check(list[KQAProQuestion], raw, source)
-    for i, item in enumerate(raw):
+    problems = Problems() if problems is None else problems
+    broken = _check(list[KQAProQuestion], raw, source, problems)
+    if any(not loc for loc in broken):
+        return set(range(len(raw))) if isinstance(raw, list) else set()  # the top level is broken
+    bad = {loc[0] for loc in broken}
+    items = [(i, item) for i, item in enumerate(raw) if i not in bad]
+    for i, item in items:
         if not (item.get("question") or item.get("rewrite") or item.get("origin")):
-            raise DataError(f"{source}: [{i}]: no question text: missing key 'question' (or 'rewrite' / 'origin')")
+            problems.add(f"{source}: [{i}]: no question text: missing key 'question' (or 'rewrite' / 'origin')")
+            continue
         key = next(k for k in ("question", "rewrite", "origin") if item.get(k))
         if problem := question_problem(item[key]):
-            raise DataError(f"{source}: [{i}].{key}: {problem}")
-    _check_strings(source, kqapro_question_strings(raw))
+            problems.add(f"{source}: [{i}].{key}: {problem}")
+    # Broken questions stand in as empty ones, so that the strings keep their places ([i]).
+    _check_strings(source, kqapro_question_strings([{} if i in bad else item for i, item in enumerate(raw)]),
+                   problems)
     for key in ("answer", "program"):
-        have = [item.get(key) is not None for item in raw]
+        have = [item.get(key) is not None for _, item in items]
         if any(have) and not all(have):
-            i = have.index(False)
-            raise DataError(f"{source}: [{i}]: missing key {key!r} (present in {sum(have)} of the {len(raw)} "
-                            "questions; only a test file leaves it out, and then for all of them)")
+            for (i, _), present in zip(items, have, strict=True):
+                if not present:
+                    problems.add(f"{source}: [{i}]: missing key {key!r} (present in {sum(have)} of the "
+                                 f"{len(items)} questions; only a test file leaves it out, and then for all of them)")
+    return bad
 
 
 _TOPIC = re.compile(r"\[([^\[\]]+)\]")
 
 
-def _check_lines(schema: Any, rows: list[dict[str, Any]], linenos: list[int], source: str) -> None:
-    """Validate the parsed lines of a text file; errors read ``<file>: line N: <field>: <what>``."""
+def _check_lines(schema: Any, rows: list[dict[str, Any]], linenos: list[int], source: str,
+                 problems: Problems) -> set[int]:
+    """Validate the parsed lines of a text file; errors read ``<file>: line N: <field>: <what>``.
+
+    Returns:
+        The indices (into ``rows``) of the rows with a problem, when ``problems`` collects them.
+    """
     try:
         _adapter(list[schema]).validate_python(rows)
     except ValidationError as err:
-        first = err.errors(include_url=False)[0]
-        index, *field = first["loc"]
-        # Named by its line in the file, which blank lines make differ from the row index.
-        raise DataError(f"{source}: line {linenos[index]}: {_item(field, rows[index])}: {_what(first)}") from None
+        bad = set()
+        for e in err.errors(include_url=False):
+            index, *field = e["loc"]
+            # Named by its line in the file, which blank lines make differ from the row index.
+            problems.add(f"{source}: line {linenos[index]}: {_item(field, rows[index])}: {_what(e)}")
+            bad.add(index)
+        return bad
+    return set()
 
 
-def parse_metaqa_kb(text: str, source: str) -> list[tuple[str, str, str]]:
+def parse_metaqa_kb(text: str, source: str, problems: Problems | None = None) -> list[tuple[str, str, str]]:
     """The triples of a MetaQA ``kb.txt``, checked; blank lines are skipped.
 
     Fields are stripped of surrounding spaces, as the official loaders do.
 
+    Args:
+        text: The file's text.
+        source: The file, for messages.
+        problems: Where to report; default: raise the first. With a collecting one, the
+            triples of the lines without a problem.
+
     Raises:
         DataError: Naming the line of one that is not ``head|relation|tail`` with a known
-            relation and non-empty names.
+            relation and non-empty names, unless ``problems`` collects.
     """
+    problems = Problems() if problems is None else problems
     rows, linenos = [], []
     for lineno, line in text_lines(text):
         if not line.strip():
             continue
         parts = line.split("|")
         if len(parts) != 3:
-            raise DataError(f"{source}: line {lineno}: expected 'head|relation|tail' (two '|'), got {line!r}")
+            problems.add(f"{source}: line {lineno}: expected 'head|relation|tail' (two '|'), got {line!r}")
+            continue
         head, relation, tail = (p.strip() for p in parts)
         rows.append({"head": head, "relation": relation, "tail": tail})
         linenos.append(lineno)
-    _check_lines(MetaQATriple, rows, linenos, source)
-    _check_strings(source, ((f"line {n}: {f}", r[f], True) for n, r in zip(linenos, rows) for f in ("head", "tail")))
-    if not rows:
-        raise DataError(f"{source}: no triples (the file is empty)")
+    bad = _check_lines(MetaQATriple, rows, linenos, source, problems)
+    if bad:
+        keep = [i for i in range(len(rows)) if i not in bad]
+        rows, linenos = [rows[i] for i in keep], [linenos[i] for i in keep]
+    _check_strings(source, ((f"line {n}: {f}", r[f], True) for n, r in zip(linenos, rows) for f in ("head", "tail")),
+                   problems)
+    if not rows and not problems.found:
+        problems.add(f"{source}: no triples (the file is empty)")
     return [(r["head"], r["relation"], r["tail"]) for r in rows]
 
 
@@ -380,19 +442,27 @@ def parse_metaqa_question_line(line: str) -> dict[str, Any]:
     return {"question": text, "topic": topics[0], "answers": answers.split("|")}
 
 
-def parse_metaqa_questions(text: str, source: str) -> list[dict[str, Any]]:
-    """The lines of a MetaQA question file as ``{question, topic, answers}``, checked.
+def parse_metaqa_questions(text: str, source: str, problems: Problems | None = None) -> list[dict[str, Any]]:
+    """The lines of a MetaQA question file as ``{question, topic, answers, line}``, checked.
+
+    Args:
+        text: The file's text.
+        source: The file, for messages.
+        problems: Where to report; default: raise the first. With a collecting one, the rows
+            of the lines without a problem (``line`` says which line each is).
 
     Raises:
         DataError: Naming the line of one without a tab, without exactly one ``[topic]``, or
-            with an empty answer.
+            with an empty answer, unless ``problems`` collects.
     """
+    problems = Problems() if problems is None else problems
     rows, linenos = [], []
     for lineno, line in enumerate(text.splitlines(), 1):
         try:
             rows.append(parse_metaqa_question_line(line))
         except ValueError as err:
-            raise DataError(f"{source}: line {lineno}: {err}") from None
+            problems.add(f"{source}: line {lineno}: {err}")
+            continue
         linenos.append(lineno)
-    _check_lines(MetaQAQuestion, rows, linenos, source)
-    return rows
+    bad = _check_lines(MetaQAQuestion, rows, linenos, source, problems)
+    return [{**row, "line": n} for i, (row, n) in enumerate(zip(rows, linenos, strict=True)) if i not in bad]

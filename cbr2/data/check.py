@@ -1,0 +1,227 @@
+"""``python -m cbr2.data check DIR``: every problem of a dataset folder, then what it holds.
+
+The loaders stop at the first problem of a file; this runs the same validators (``cbr2.data.
+schema``, ``Program.from_json``, the category rule of ``cbr2.data.questions``) with a collecting
+``Problems``, so one pass names every broken item of every file, in the loaders' message form
+(``val.json: [3].program: ...``), then counts the questions per split and category and the KB.
+
+A file of the layout that is absent is a note, not a problem: the check judges the files that
+are there, and says what each absent one prevents (no KB: nothing can be executed; no qtype
+file: no gold programs). A folder of questions alone, like the public MetaQA test questions,
+is then clean; ``evaluate.py`` still refuses a ``data.root`` without its KB, in one line, and
+``fetch`` requires every file it lays out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cbr2.common.errors import UserError
+from cbr2.data.questions import (
+    KQAPRO_CATEGORIES,
+    METAQA_CATEGORIES,
+    kqapro_category,
+    load_metaqa_questions,
+)
+from cbr2.data.reading import Problems, read_json, read_text
+from cbr2.data.schema import parse_metaqa_kb, validate_kqapro_kb, validate_kqapro_questions
+from cbr2.kopl.program import Program
+
+KINDS = ("kqapro", "metaqa")
+KQAPRO_SPLITS = ("train", "val", "test")
+METAQA_SPLITS = ("train", "dev", "test")
+METAQA_HOPS = (1, 2, 3)
+NO_PROGRAM = "no program"
+"""The column of questions without a gold program (KQA Pro test, MetaQA without qtype files)."""
+BROKEN = "broken"
+"""The column of KQA Pro questions whose structure or program has a problem (listed above it)."""
+
+
+def kqapro_files() -> list[str]:
+    """The files of the KQA Pro layout, relative to its folder."""
+    return ["kb.json"] + [f"{split}.json" for split in KQAPRO_SPLITS]
+
+
+def metaqa_files() -> list[str]:
+    """The files of MetaQA's release layout, relative to its folder."""
+    out = ["kb.txt"]
+    for k in METAQA_HOPS:
+        out += [f"{k}-hop/vanilla/qa_{split}.txt" for split in METAQA_SPLITS]
+        out += [f"{k}-hop/qa_{split}_qtype.txt" for split in METAQA_SPLITS]
+    return out
+
+
+LAYOUTS = {"kqapro": kqapro_files, "metaqa": metaqa_files}
+
+
+@dataclass
+class Report:
+    """What ``check_folder`` found.
+
+    Attributes:
+        root: The folder.
+        kind: ``kqapro`` or ``metaqa``.
+        problems: Every problem, ``<file>: <item>: <what is wrong>`` (file relative to ``root``).
+        notes: What is absent and what that prevents.
+        questions: Split → category → number of questions (``NO_PROGRAM`` for those without one).
+        kb: The KB's sizes (``KB.stats``), or None when it is absent or broken.
+    """
+
+    root: Path
+    kind: str
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    questions: dict[str, Counter[str]] = field(default_factory=dict)
+    kb: dict[str, int] | None = None
+
+    @property
+    def clean(self) -> bool:
+        """No problem found (notes allowed)."""
+        return not self.problems
+
+
+def detect_kind(root: Path) -> str:
+    """``kqapro`` or ``metaqa``, from the files of either layout that ``root`` holds.
+
+    Raises:
+        UserError: If it holds files of neither layout, or of both.
+    """
+    found = [kind for kind in KINDS if any((root / f).exists() for f in LAYOUTS[kind]())]
+    if len(found) != 1:
+        what = "files of both layouts" if found else "no file of either layout"
+        raise UserError(f"{root}: {what} (KQA Pro: {', '.join(kqapro_files())}; MetaQA: kb.txt, "
+                        "{1,2,3}-hop/vanilla/qa_{train,dev,test}.txt, {1,2,3}-hop/qa_{split}_qtype.txt); "
+                        "pass --kind kqapro|metaqa")
+    return found[0]
+
+
+def check_folder(root: str | Path, kind: str | None = None) -> Report:
+    """Validate every file of a dataset folder, listing all problems, and count what it holds.
+
+    Args:
+        root: The folder.
+        kind: ``kqapro`` or ``metaqa``; default: told from the layout (``detect_kind``).
+
+    Raises:
+        UserError: If ``root`` is not a folder, or its kind cannot be told.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(f"{root}: not a folder")
+    kind = kind or detect_kind(root)
+    report = Report(root, kind)
+    if not any((root / f).exists() for f in LAYOUTS[kind]()):
+        report.problems.append(f"{root}: no file of the {kind} layout ({', '.join(LAYOUTS[kind]())})")
+        return report
+    problems = Problems(collect=True)
+    (_check_kqapro if kind == "kqapro" else _check_metaqa)(root, report, problems)
+    prefix = f"{root}{os.sep}"
+    report.problems += [p.replace(prefix, "") for p in problems.found]  # files named relative to the folder
+    return report
+
+
+def _check_kqapro(root: Path, report: Report, problems: Problems) -> None:
+    kb_path = root / "kb.json"
+    if not kb_path.is_file():
+        report.notes.append("kb.json: absent: no program can be executed (evaluate.py needs it)")
+    elif (raw := problems.guard(lambda: read_json(kb_path))) is not None:
+        before = len(problems.found)
+        validate_kqapro_kb(raw, str(kb_path), problems)
+        if len(problems.found) == before:
+            from cbr2.kb.loaders import kqapro_kb_from_dict
+
+            report.kb = kqapro_kb_from_dict(raw, str(kb_path)).stats()
+    for split in KQAPRO_SPLITS:
+        path = root / f"{split}.json"
+        if not path.is_file():
+            report.notes.append(f"{path.name}: absent: no {split} split")
+            continue
+        items = problems.guard(lambda p=path: read_json(p))
+        if items is None:
+            continue
+        broken = validate_kqapro_questions(items, str(path), problems)
+        counts: Counter[str] = Counter()
+        for i, item in enumerate(items if isinstance(items, list) else ()):
+            if i in broken:
+                counts[BROKEN] += 1
+                continue
+            raw_program = item.get("program")
+            if raw_program is None:
+                counts[NO_PROGRAM] += 1
+                continue
+            # The load path's own steps (cbr2.data.questions.load_kqapro_questions), reported instead of raised.
+            try:
+                counts[kqapro_category(Program.from_json(raw_program))] += 1
+            except ValueError as err:  # a ProgramError, or a last function with no category
+                problems.add(f"{path}: [{i}].program: {err}")
+                counts[BROKEN] += 1
+        report.questions[split] = counts
+        if split == "test" and counts and set(counts) == {NO_PROGRAM}:
+            report.notes.append("test.json: no programs or answers (the official test file): nothing to score")
+
+
+def _check_metaqa(root: Path, report: Report, problems: Problems) -> None:
+    kb_path = root / "kb.txt"
+    if not kb_path.is_file():
+        report.notes.append("kb.txt: absent: no program can be executed (evaluate.py needs it); the questions "
+                            "are checked alone")
+    elif (text := problems.guard(lambda: read_text(kb_path))) is not None:
+        before = len(problems.found)
+        parse_metaqa_kb(text, str(kb_path), problems)
+        if len(problems.found) == before:
+            from cbr2.kb.loaders import load_metaqa_kb
+
+            report.kb = load_metaqa_kb(kb_path).stats()
+    for split in METAQA_SPLITS:
+        counts: Counter[str] = Counter()
+        if not any((root / f"{k}-hop/vanilla/qa_{split}.txt").is_file() for k in METAQA_HOPS):
+            report.notes.append(f"{{1,2,3}}-hop/vanilla/qa_{split}.txt: absent: no {split} split")
+            continue
+        for k in METAQA_HOPS:
+            qa = f"{k}-hop/vanilla/qa_{split}.txt"
+            if not (root / qa).is_file():
+                report.notes.append(f"{qa}: absent: no {k}-hop {split} questions")
+                continue
+            questions = load_metaqa_questions(root, split, (k,), problems)
+            counts.update(q.category for q in questions)
+            if not (root / f"{k}-hop/qa_{split}_qtype.txt").is_file():
+                report.notes.append(f"{k}-hop/qa_{split}_qtype.txt: absent: the {len(questions):,} {k}-hop {split} "
+                                    f"questions have their hop ({k}-hop, from the folder) but no gold program")
+        if counts:
+            report.questions[split] = counts
+
+
+def render(report: Report) -> str:
+    """The report as the command prints it: problems, notes, question counts, KB size, verdict."""
+    lines = [f"{report.kind} folder {report.root}"]
+    if report.problems:
+        lines.append(f"problems ({len(report.problems)}):")
+        lines += [f"  {p}" for p in report.problems]
+    if report.notes:
+        lines.append(f"notes ({len(report.notes)}):")
+        lines += [f"  {n}" for n in report.notes]
+    if report.questions:
+        known = KQAPRO_CATEGORIES if report.kind == "kqapro" else METAQA_CATEGORIES
+        seen = {c for counts in report.questions.values() for c in counts}
+        last = (NO_PROGRAM, BROKEN)
+        columns = [c for c in known if c in seen] + sorted(seen - set(known) - set(last))
+        columns += [c for c in last if c in seen]
+        rows = [["split", "questions", *columns]]
+        rows += [[split, f"{sum(counts.values()):,}", *(f"{counts[c]:,}" for c in columns)]
+                 for split, counts in report.questions.items()]
+        lines.append("questions per split and category:")
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines += ["  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w)
+                                   in enumerate(zip(row, widths, strict=True))) for row in rows]
+    if report.kb is not None:
+        kb = report.kb
+        facts = (f"{kb['attribute_facts']:,} attribute facts, {kb['relation_facts']:,} relation facts"
+                 if report.kind == "kqapro" else f"{kb['relation_facts']:,} distinct triples")
+        lines.append(f"KB: {kb['entities']:,} entities, {kb['concepts']:,} concepts, {facts}, "
+                     f"{kb['relations']:,} relations")
+    verdict = "clean" if report.clean else f"{len(report.problems)} problem{'s' * (len(report.problems) != 1)}"
+    lines.append(f"result: {verdict}")
+    return "\n".join(lines) + "\n"
