@@ -67,7 +67,7 @@ class Source:
 SOURCES: dict[str, tuple[Source, ...]] = {
     "kqapro": (
         Source("kqapro", "release", "https://cloud.tsinghua.edu.cn/f/26d05edaa5d0480bb3ae/?dl=1", tuple(kqapro_files()),
-               archive=True, page="https://github.com/shijx12/KQAPro_Baselines (README: the dataset zip)",
+               archive=True, page="https://github.com/shijx12/KQAPro_Baselines (its README links the zip)",
                verified="a zip (every member's CRC) holding the four files in one folder; no published digest"),
         Source("kqapro", "mirror", f"https://huggingface.co/datasets/drt/kqa_pro/resolve/{HF_MIRROR_REVISION}/",
                tuple(kqapro_files()), page="https://huggingface.co/datasets/drt/kqa_pro",
@@ -85,20 +85,20 @@ SOURCES: dict[str, tuple[Source, ...]] = {
         # The release is a Google Drive folder, reported unreachable (MetaQA issue #1); it cannot
         # be downloaded without a browser, so only --url (a copy in the release's layout) fetches.
         Source("metaqa", "release", None, tuple(metaqa_files()),
-               page="https://github.com/yuyuz/MetaQA (README: Google Drive folder "
-                    "https://drive.google.com/drive/folders/0B-36Uca2AvwhTWVFSUZqRXVtbUE)",
+               page="https://drive.google.com/drive/folders/0B-36Uca2AvwhTWVFSUZqRXVtbUE (linked from "
+                    "https://github.com/yuyuz/MetaQA)",
                verified="no published digest; with --url, each file arrives whole"),
     ),
 }
 """Dataset → its sources, in the order ``fetch`` tries them."""
 
 MANUAL = {
-    "kqapro": ("download the zip {release} (or the four files of {mirror}), put kb.json, train.json, val.json "
-               "and test.json in {dir}, then run python -m cbr2.data check {dir}"),
-    "metaqa": ("download the MetaQA folder linked from {release} (its Google Drive link is reported broken: MetaQA "
-               "issue #1), put kb.txt, {{1,2,3}}-hop/vanilla/qa_{{train,dev,test}}.txt and "
-               "{{1,2,3}}-hop/qa_{{train,dev,test}}_qtype.txt in {dir} (or pass --url BASE, a copy in that layout), "
-               "then run python -m cbr2.data check {dir}"),
+    "kqapro": ("download the zip {release_url} (or the four files of {mirror_page}, revision "
+               f"{HF_MIRROR_REVISION[:7]}), put kb.json, train.json, val.json and test.json in {{dir}}, then run "
+               "python -m cbr2.data check {dir}"),
+    "metaqa": ("download the MetaQA folder from {release_page} (reported broken: MetaQA issue #1), put kb.txt, "
+               "{{1,2,3}}-hop/vanilla/qa_{{train,dev,test}}.txt and {{1,2,3}}-hop/qa_{{train,dev,test}}_qtype.txt in "
+               "{dir} (or pass --url BASE, a copy in that layout), then run python -m cbr2.data check {dir}"),
 }
 """The steps by hand, per dataset, for the one-line error."""
 
@@ -112,8 +112,8 @@ class BrokenDownload(FetchError):
 
 
 def _manual(dataset: str, root: Path) -> str:
-    pages = {s.name: s.url or s.page for s in SOURCES[dataset]}
-    return MANUAL[dataset].format(dir=root, **pages)
+    where = {f"{s.name}_{what}": getattr(s, what) for s in SOURCES[dataset] for what in ("url", "page")}
+    return MANUAL[dataset].format(dir=root, **where)
 
 
 def sha256_of(path: Path) -> str:
@@ -259,9 +259,8 @@ def fetch(dataset: str, root: str | Path, source: str | None = None, url: str | 
             log.info("%s: every file of %s is already in place", root, candidate.name)
             return candidate
         if where is None:
-            failures.append(f"{candidate.name} ({candidate.page}): no direct download")
+            failures.append(f"{candidate.name}: no direct download")
             continue
-        log.info("fetching %s from %s (%s)", dataset, candidate.name, where)
         try:
             (_fetch_archive if candidate.archive else _fetch_files)(candidate, where, root)
             return candidate
