@@ -249,8 +249,8 @@ def test_check_lists_every_problem_of_every_file(tmp_path, capsys):
     ]
     assert "result: 8 problems" in out and "KB:" not in out
     assert "test.json: no programs or answers (the official test file)" in out
-    table = out.split("questions per split and category:\n")[1].splitlines()
-    assert table[0].split() == ["split", "questions", "Count", "no", "program", "broken"]
+    table = out.split("questions per split and category (CT Count):\n")[1].splitlines()
+    assert table[0].split() == ["split", "questions", "CT", "no", "program", "broken"]
     assert table[1].split() == ["val", "5", "3", "0", "2"] and table[2].split() == ["test", "3", "0", "3", "0"]
 
 

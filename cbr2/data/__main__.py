@@ -45,7 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from cbr2.data.fetch import fetch as fetch_dataset
 
             source = fetch_dataset(args.dataset, args.dir, args.source, args.url)
-            print(f"fetched {args.dataset} from {source.name} into {args.dir} (verified: {source.verified})")
+            print(f"fetched {args.dataset} from {source.name} ({args.url or source.url}) into {args.dir}; verified: "
+                  f"{source.verified}")
             report = check_folder(args.dir, args.dataset)
         else:
             report = check_folder(args.dir, args.kind)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from cbr2.common.errors import UserError
 from cbr2.data.questions import (
+    KQAPRO_ABBREVIATIONS,
     KQAPRO_CATEGORIES,
     METAQA_CATEGORIES,
     kqapro_category,
@@ -209,10 +210,11 @@ def render(report: Report) -> str:
         last = (NO_PROGRAM, BROKEN)
         columns = [c for c in known if c in seen] + sorted(seen - set(known) - set(last))
         columns += [c for c in last if c in seen]
-        rows = [["split", "questions", *columns]]
+        rows = [["split", "questions", *(KQAPRO_ABBREVIATIONS.get(c, c) for c in columns)]]
         rows += [[split, f"{sum(counts.values()):,}", *(f"{counts[c]:,}" for c in columns)]
                  for split, counts in report.questions.items()]
-        lines.append("questions per split and category:")
+        legend = ", ".join(f"{KQAPRO_ABBREVIATIONS[c]} {c}" for c in columns if c in KQAPRO_ABBREVIATIONS)
+        lines.append(f"questions per split and category{f' ({legend})' if legend else ''}:")
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines += ["  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w)
                                    in enumerate(zip(row, widths, strict=True))) for row in rows]

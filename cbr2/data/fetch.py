@@ -125,7 +125,7 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def download(url: str, dest: Path, sha256: str | None = None) -> Path:
+def download(url: str, dest: Path, sha256: str | None = None, desc: str | None = None) -> Path:
     """Download ``url`` to ``dest`` through ``dest.part``, resuming a part left by a broken run.
 
     A part file is continued with ``Range: bytes=N-``; a server that answers with the whole
@@ -137,6 +137,7 @@ def download(url: str, dest: Path, sha256: str | None = None) -> Path:
         url: What to download.
         dest: Where the file goes.
         sha256: Its expected digest, or None.
+        desc: What the progress display calls it (default: the file's name).
 
     Returns:
         ``dest``.
@@ -164,7 +165,7 @@ def download(url: str, dest: Path, sha256: str | None = None) -> Path:
             total = start + int(length) if length is not None else None
             got = 0
             with part.open("ab" if start else "wb") as sink, \
-                    progress(total, desc=dest.name, unit="B", initial=start, unit_scale=True) as bar:
+                    progress(total, desc=desc or dest.name, unit="B", initial=start, unit_scale=True) as bar:
                 try:
                     while chunk := response.read(CHUNK_BYTES):
                         sink.write(chunk)
@@ -202,11 +203,12 @@ def _fetch_files(source: Source, url: str, root: Path) -> None:
         dest = root / name
         if dest.is_file() and (name not in source.sha256 or sha256_of(dest) == source.sha256[name]):
             continue  # fetched by an earlier run
-        download(base + name, dest, source.sha256.get(name))
+        download(base + name, dest, source.sha256.get(name), desc=name)
 
 
 def _fetch_archive(source: Source, url: str, root: Path) -> None:
-    archive = download(url, root / f".{source.dataset}-{source.name}.zip", source.sha256.get("archive"))
+    archive = download(url, root / f".{source.dataset}-{source.name}.zip", source.sha256.get("archive"),
+                       desc=f"{source.dataset} {source.name} zip")
     try:
         with zipfile.ZipFile(archive) as zf:
             if (bad := zf.testzip()) is not None:
