@@ -188,6 +188,17 @@ def test_a_server_without_range_starts_over(server, tmp_path):
     assert (tmp_path / "kb.json").read_bytes() == server.files["/x/kb.json"]
 
 
+def test_a_part_that_is_already_whole_is_finished_not_fetched_again(server, tmp_path):
+    from cbr2.data.fetch import download
+
+    body = (MINI_KQAPRO / "kb.json").read_bytes()
+    server.files["/kb.json"] = body
+    (tmp_path / "kb.json.part").write_bytes(body)  # a run that died between the last byte and the rename
+    download(f"{server.url}/kb.json", tmp_path / "kb.json", sha256_of(MINI_KQAPRO / "kb.json"))
+    assert server.requests == [("/kb.json", f"bytes={len(body)}-")]  # answered 416
+    assert (tmp_path / "kb.json").read_bytes() == body and not (tmp_path / "kb.json.part").exists()
+
+
 def test_without_a_network_the_error_is_one_line_with_urls_and_steps(tmp_path, monkeypatch, capsys):
     dead = f"http://127.0.0.1:{_closed_port()}"
     release, mirror = SOURCES["kqapro"]
