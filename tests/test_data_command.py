@@ -327,3 +327,19 @@ def test_the_real_metaqa_test_questions_load_and_check(capsys):
     out = capsys.readouterr().out
     assert "  test      39,093  9,947  14,872  14,274" in out
     assert "kb.txt: absent" in out and "no gold program" in out and "result: clean" in out
+
+
+def test_a_case_pool_without_gold_programs_is_refused_in_one_line(tmp_path):
+    from omegaconf import OmegaConf
+
+    from cbr2.config_schema import RetrievalConfig
+    from cbr2.data.benchmarks import Benchmark
+    from cbr2.data.reading import DataError
+    from cbr2.retrieval.retriever import Retriever
+
+    shutil.copytree(MINI_METAQA, tmp_path, dirs_exist_ok=True)
+    for k in (1, 2, 3):
+        (tmp_path / f"{k}-hop/qa_train_qtype.txt").unlink()
+    cfg = OmegaConf.structured(RetrievalConfig(cases="semantic"))
+    with pytest.raises(DataError, match="1,500 of the 1,500 train questions have no gold program"):
+        Retriever(Benchmark("metaqa", tmp_path), cfg)

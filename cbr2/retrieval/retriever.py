@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from cbr2.common.errors import ConfigError
 from cbr2.data.benchmarks import Benchmark
+from cbr2.data.reading import DataError
 from cbr2.retrieval.cache import EmbeddingStore, cache_root
 from cbr2.retrieval.cases import VIEWS, Case, CaseRetriever, Query, Ranking
 from cbr2.retrieval.encoders import encode, load_encoder, pick_device, weights_fingerprint
@@ -107,6 +108,11 @@ class Retriever:
         store = self.store = store or EmbeddingStore(cache_root(cfg.cache_dir))
         device = pick_device(cfg.device)
         self.pool = bench.questions(bench.family.train_split)
+        if self.case_views and (missing := sum(q.program is None for q in self.pool)):
+            # Cases are (question, gold program) pairs; MetaQA's come from the qtype files.
+            raise DataError(f"{bench.root}: {missing:,} of the {len(self.pool):,} {bench.family.train_split} questions "
+                            "have no gold program, and the case pool needs them (MetaQA: "
+                            "{1,2,3}-hop/qa_train_qtype.txt); see python -m cbr2.data check")
         self.encoders: dict[str, tuple[str, object]] = {}
         if cfg.k_ontology > 0 or cfg.k_facts > 0 or "semantic" in self.views:
             self.encoders["semantic"] = (cfg.encoder, load_encoder(cfg.encoder, device))
