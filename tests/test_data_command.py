@@ -256,7 +256,7 @@ def test_check_lists_every_problem_of_every_file(tmp_path, capsys):
         "train.json: line 2, column 12: not valid JSON (Expecting value)",
         "val.json: [1].answer: expected a string, got the number 6",
         "val.json: [4]: no question text: missing key 'question' (or 'rewrite' / 'origin')",
-        "val.json: [3].program: syntax error [unknown_function]: program, step 0: unknown function 'Fnd'",
+        "val.json: [3].program[0]: unknown function 'Fnd'",
     ]
     assert "result: 8 problems" in out and "KB:" not in out
     assert "test.json: no programs or answers (the official test file)" in out

@@ -161,7 +161,11 @@ QUESTION_CASES = {
         "[0].program[0].inputs[0]: expected a string, got the number 42"),
     "unknown function": (
         [_question(program=[{"function": "FindEverything", "dependencies": [], "inputs": []}])],
-        "[0].program: syntax error [unknown_function]: program, step 0: unknown function 'FindEverything'"),
+        "[0].program[0]: unknown function 'FindEverything'"),
+    "a step without its input": (
+        [_question(), _question(program=[{"function": "FindAll", "dependencies": [], "inputs": []},
+                                         {"function": "Count", "dependencies": [], "inputs": []}])],
+        "[1].program[1]: Count takes 1 inputs, got 0"),
 }
 
 

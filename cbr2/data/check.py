@@ -29,7 +29,7 @@ from cbr2.data.questions import (
 )
 from cbr2.data.reading import Problems, read_json, read_text
 from cbr2.data.schema import parse_metaqa_kb, validate_kqapro_kb, validate_kqapro_questions
-from cbr2.kopl.program import Program
+from cbr2.kopl.program import Program, ProgramError
 
 KINDS = ("kqapro", "metaqa")
 KQAPRO_SPLITS = ("train", "val", "test")
@@ -155,8 +155,14 @@ def _check_kqapro(root: Path, report: Report, problems: Problems) -> None:
                 continue
             # The load path's own steps (cbr2.data.questions.load_kqapro_questions), reported instead of raised.
             try:
-                counts[kqapro_category(Program.from_json(raw_program))] += 1
-            except ValueError as err:  # a ProgramError, or a last function with no category
+                program = Program.from_json(raw_program)
+            except ProgramError as err:
+                problems.add(f"{path}: [{i}].{err.detail}")
+                counts[BROKEN] += 1
+                continue
+            try:
+                counts[kqapro_category(program)] += 1
+            except ValueError as err:  # a last function with no category
                 problems.add(f"{path}: [{i}].program: {err}")
                 counts[BROKEN] += 1
         report.questions[split] = counts

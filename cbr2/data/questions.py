@@ -10,7 +10,7 @@ from typing import Any
 from cbr2.data.reading import DataError, Problems, read_json, read_text
 from cbr2.data.schema import parse_metaqa_question_line, parse_metaqa_questions, validate_kqapro_questions
 from cbr2.kopl.functions import canonical_name
-from cbr2.kopl.program import Program, Step
+from cbr2.kopl.program import Program, ProgramError, Step
 from cbr2.kopl.text import to_text
 
 KQAPRO_CATEGORIES = (
@@ -145,8 +145,11 @@ def load_kqapro_questions(path: str | Path, split: str) -> list[Question]:
         if item.get("program") is not None:
             try:
                 program = Program.from_json(item["program"])
+            except ProgramError as err:
+                raise DatasetFormatError(f"{path}: [{i}].{err.detail}") from err
+            try:
                 category = kqapro_category(program)
-            except ValueError as err:  # a ProgramError, or a last function of no category
+            except ValueError as err:  # a last function of no category
                 raise DatasetFormatError(f"{path}: [{i}].program: {err}") from err
         out.append(Question(qid=f"{split}-{i}", question=text, program=program, answer=item.get("answer"),
                             category=category, choices=tuple(item.get("choices", ()))))

@@ -25,10 +25,12 @@ class ProgramError(ValueError):
             violates KoPL's typing rules).
         code: A short stable identifier of the rule that failed (e.g. ``unknown_function``).
         line: 1-based line of the text where the error was found, when known.
+        detail: The message alone, without kind, code and line: what a data file's error
+            quotes after the item (``val.json: [3].program[0]: unknown function 'Fnd'``).
     """
 
     def __init__(self, kind: str, code: str, message: str, line: int | None = None):
-        self.kind, self.code, self.line = kind, code, line
+        self.kind, self.code, self.line, self.detail = kind, code, line, message
         where = f"line {line}: " if line is not None else ""
         super().__init__(f"{kind} error [{code}]: {where}{message}")
 
@@ -89,7 +91,7 @@ class Program:
             raise ProgramError(SYNTAX, "empty_program", f"{where}: expected a non-empty list of steps")
         steps = []
         for i, raw in enumerate(data):
-            at = f"{where}, step {i}"
+            at = f"{where}[{i}]"
             if not isinstance(raw, dict) or not {"function", "inputs"} <= raw.keys():
                 raise ProgramError(SYNTAX, "malformed_step", f"{at}: expected keys function, inputs, dependencies")
             fn, inputs, deps = raw["function"], raw["inputs"], raw.get("dependencies", [])
