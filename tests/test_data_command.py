@@ -241,7 +241,9 @@ def test_check_lists_every_problem_of_every_file(tmp_path, capsys):
     kb["concepts"]["C3"]["subclassOf"] = ["C9"]
     (tmp_path / "kb.json").write_text(json.dumps(kb))
     fnd = [{"function": "Fnd", "dependencies": [], "inputs": ["x"]}]
-    val = [_question(), _question(answer=6), _question(), _question(program=fnd), _question(question="")]
+    asks_nothing = [{"function": "Find", "dependencies": [], "inputs": ["Warsaw"]}]
+    val = [_question(), _question(answer=6), _question(), _question(program=fnd), _question(question=""),
+           _question(program=asks_nothing)]
     (tmp_path / "val.json").write_text(json.dumps(val))
     (tmp_path / "train.json").write_text('[{"question": "Q?",\n "answer": }]')
     (tmp_path / "test.json").write_text(json.dumps([{"question": "Which?", "choices": ["a"]}] * 3))
@@ -257,12 +259,15 @@ def test_check_lists_every_problem_of_every_file(tmp_path, capsys):
         "val.json: [1].answer: expected a string, got the number 6",
         "val.json: [4]: no question text: missing key 'question' (or 'rewrite' / 'origin')",
         "val.json: [3].program[0]: unknown function 'Fnd'",
+        "val.json: [5].program: last function 'Find' is not one of the nine categories' "
+        "(Count, QueryAttr, QueryAttrQualifier, QueryName, QueryRelation, QueryRelationQualifier, SelectAmong, "
+        "SelectBetween, Verify; QueryAttrUnderCondition counts as QueryAttr)",
     ]
-    assert "result: 8 problems" in out and "KB:" not in out
+    assert "result: 9 problems" in out and "KB:" not in out
     assert "test.json: no programs or answers (the official test file)" in out
     table = out.split("questions per split and category (CT Count):\n")[1].splitlines()
     assert table[0].split() == ["split", "questions", "CT", "no", "program", "broken"]
-    assert table[1].split() == ["val", "5", "3", "0", "2"] and table[2].split() == ["test", "3", "0", "3", "0"]
+    assert table[1].split() == ["val", "6", "3", "0", "3"] and table[2].split() == ["test", "3", "0", "3", "0"]
 
 
 def test_check_of_a_clean_folder_counts_questions_and_kb(capsys):
