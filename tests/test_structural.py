@@ -55,19 +55,98 @@ def test_label_values():
         assert fn(("Find", "QueryAttr"), ("FindAll", "Count")) == 0.0
 
 
-def test_label_computed_once_per_distinct_sketch_pair():
+def test_label_computed_once_per_distinct_sketch_pair(monkeypatch):
     calls = []
 
     def counting(a, b):
         calls.append(frozenset([a, b]) if a != b else frozenset([a]))
         return seqmatch(a, b)
 
+    monkeypatch.setitem(LABELS, "seqmatch", counting)
     sketches = [ONE_HOP, TWO_HOP, ONE_HOP, ("Find", "QueryAttr"), TWO_HOP, ONE_HOP]
-    table = SketchTable(sketches, counting)
-    assert len(table) == 3 and len(calls) == 6 == len(set(calls))  # 3 self-pairs + 3 cross pairs, once each
-    assert np.allclose(table.matrix, table.matrix.T)
-    assert table.matrix[table.of_question[0], table.of_question[1]] == pytest.approx(6 / 7)
+    table = SketchTable(sketches, "seqmatch")
+    assert len(table) == 3 and not calls  # labels are computed for drawn pairs, not for every pair
+    pairs = PairSampler(table, bins=5).sample(np.random.default_rng(0), 200)
+    # 3 cross pairs and the self-pairs of the two sketches with two questions, each computed once
+    assert len(calls) == len(set(calls)) == 5
+    i, j = table.of_question[0], table.of_question[1]
+    assert table.label(i, j) == table.label(j, i) == pytest.approx(6 / 7)
+    assert all(y == seqmatch(sketches[a], sketches[b]) for a, b, y in pairs)
     assert [list(m) for m in table.members] == [[0, 2, 5], [1, 4], [3]]
+
+
+def _random_sketches(n, rng, functions=None):
+    """``n`` distinct random sketches of 2-15 functions."""
+    functions = functions or ["Find", "FindAll", "Relate", "FilterConcept", "FilterStr", "FilterNum", "And", "Or",
+                              "QueryName", "QueryAttr", "Count", "SelectBetween", "VerifyStr", "QFilterYear"]
+    out = set()
+    while len(out) < n:
+        out.add(tuple(rng.choice(functions, size=rng.integers(2, 16))))
+    return sorted(out)
+
+
+def test_bin_scores_bound_seqmatch_and_equal_lcs(kqapro_train):
+    """The bins' scores: ``lcs`` exactly, and for ``seqmatch`` an upper bound within the stated error."""
+    distinct = sorted({sketch(q.program) for q in kqapro_train})
+    rng = np.random.default_rng(0)
+    random = _random_sketches(300, rng)
+    for pool in (distinct, random):
+        exact = SketchTable(pool, "lcs")
+        scores = exact.bin_scores(slice(0, len(pool)), 0)
+        assert all(scores[i, j] == lcs(pool[i], pool[j]) for i, j in rng.integers(len(pool), size=(2000, 2)))
+        bound = SketchTable(pool, "seqmatch").bin_scores(slice(0, len(pool)), 0)
+        iu = np.triu_indices(len(pool))
+        labels = np.array([seqmatch(pool[i], pool[j]) for i, j in zip(*iu, strict=True)])
+        error = bound[iu] - labels
+        assert error.min() >= 0  # never below difflib's ratio
+        bins_apart = np.minimum((bound[iu] * 5).astype(int), 4) != np.minimum((labels * 5).astype(int), 4)
+        if pool is distinct:  # what BIN_SCORERS states for mini-kqapro
+            assert error.mean() < 0.003 and error.max() < 0.25 and bins_apart.mean() < 0.01
+            assert np.mean(error == 0) > 0.98  # the same float where difflib finds a longest match
+        else:  # long random sketches are harder for difflib's greedy matching
+            assert error.mean() < 0.03 and bins_apart.mean() < 0.1
+
+
+def test_sampler_finds_the_kth_pair_of_every_bin(kqapro_train):
+    """Counts and the scored row find exactly the pair a full enumeration has in that place."""
+    sketches = [sketch(q.program) for q in kqapro_train[:400]]
+    for label in LABELS:
+        table = SketchTable(sketches, label)
+        sampler = PairSampler(table, bins=5)
+        scores = table.bin_scores(slice(0, len(table)), 0)
+        self_ok = [len(m) >= 2 for m in table.members]
+        enumerated = {b: [] for b in range(5)}
+        for i in range(len(table)):
+            for j in range(i, len(table)):
+                if i != j or self_ok[i]:
+                    enumerated[min(int(scores[i, j] * 5), 4)].append((i, j))
+        assert [len(enumerated[b]) for b in range(5)] == list(sampler.sizes)
+        bins = np.repeat(sampler.nonempty, 30)
+        ks = np.random.default_rng(0).integers(sampler.sizes[bins])
+        found = sampler._pairs(bins, ks)
+        assert [tuple(p) for p in found.tolist()] == [enumerated[b][k] for b, k in zip(bins, ks, strict=True)]
+
+
+@pytest.mark.slow  # about 20 s: 2·10⁸ sketch pairs scored
+def test_label_stage_at_20000_distinct_sketches_is_linear_in_memory():
+    """Counting 20,000 distinct sketches' pairs (2·10⁸) holds nothing of their square."""
+    import tracemalloc
+
+    n = 20_000
+    sketches = _random_sketches(n, np.random.default_rng(1))
+    tracemalloc.start()
+    try:
+        table = SketchTable(sketches, "seqmatch")
+        sampler = PairSampler(table, bins=5)
+        pairs = sampler.sample(np.random.default_rng(0), 200)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert sampler.sizes.sum() == n * (n - 1) // 2  # every pair counted (no sketch has two questions)
+    assert peak < 200 * 2**20  # a float64 label matrix alone would be 3.2 GB
+    kept = sum(a.nbytes for a in vars(sampler).values() if isinstance(a, np.ndarray))
+    assert kept <= 2 * n * 5 * 8 + 2 * n  # per-sketch counts only
+    assert len(table._labels) <= 200 and all(0 <= y <= 1 for _, _, y in pairs)
 
 
 def test_sampler_covers_every_label_bin_evenly(kqapro_train):
