@@ -417,7 +417,10 @@ def paired_difference(a: Sequence[bool], b: Sequence[bool], resamples: int = 10_
 
     ``scipy.stats.bootstrap(paired=True)``, percentile method: both runs are resampled with the
     same question indices, so the interval reflects how much the difference depends on which
-    questions were drawn, not the variance of each run alone.
+    questions were drawn, not the variance of each run alone. Resamples are drawn a batch at a
+    time (about 4 million question draws each), which bounds the memory (10,000 resamples of
+    KQA Pro's 11,797 validation questions: ~0.2 GB instead of ~3.7 GB) and gives the same
+    interval as one batch, to the last digit: the batches read the generator's stream in order.
 
     Args:
         a: Per-question correctness of one run.
@@ -445,8 +448,8 @@ def paired_difference(a: Sequence[bool], b: Sequence[bool], resamples: int = 10_
     if n > 1:
         # random_state, not rng: the keyword every scipy the project allows (>=1.10) takes.
         result = bootstrap((a_arr, b_arr), lambda x, y, axis: np.mean(x - y, axis=axis), paired=True,
-                           vectorized=True, n_resamples=resamples, confidence_level=level, method="percentile",
-                           random_state=np.random.default_rng(seed))
+                           vectorized=True, n_resamples=resamples, batch=max(1, 4_000_000 // n),
+                           confidence_level=level, method="percentile", random_state=np.random.default_rng(seed))
         low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
     return {"delta": delta, "low": low, "high": high,
             "a_only": int((diff > 0).sum()), "b_only": int((diff < 0).sum()), "n": n}
