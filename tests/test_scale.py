@@ -61,6 +61,34 @@ def test_synthetic_questions_cover_every_category_with_gold_answers(tmp_path, sy
             assert values == [q.answer], (engine, q.question)
 
 
+def test_split_counts_are_kqa_pros_mix():
+    from cbr2.data.builders.mini_kqapro_questions import KQAPRO_MIX
+
+    assert syn.split_counts(syn.VAL_SIZE) == KQAPRO_MIX  # the official validation counts
+    train = syn.split_counts(syn.TRAIN_SIZE)
+    assert sum(train.values()) == syn.TRAIN_SIZE
+    assert all(abs(train[c] / syn.TRAIN_SIZE - KQAPRO_MIX[c] / syn.VAL_SIZE) < 1e-4 for c in KQAPRO_CATEGORIES)
+
+
+def test_benchmark_folder_has_both_splits_in_the_mix_with_gold_answers(tmp_path):
+    from cbr2.data.benchmarks import Benchmark
+
+    stats = syn.write_benchmark(tmp_path, SCALE, seed=5, n_train=90, n_val=45)
+    bench = Benchmark("kqapro", tmp_path)  # the folder reads as a KQA Pro release
+    train, val = bench.questions("train"), bench.questions("val")
+    assert (len(train), len(val)) == (stats["train"], stats["val"]) == (90, 45)
+    for split, questions in (("train", train), ("val", val)):
+        counts = {c: sum(q.category == c for q in questions) for c in KQAPRO_CATEGORIES}
+        assert counts == syn.split_counts(len(questions)) == stats["per_category"][split]
+    assert not {q.question for q in train} & {q.question for q in val}
+    assert stats["sketches"]["train"] > 20
+    kb_dict = json.loads((tmp_path / "kb.json").read_text(encoding="utf-8"))
+    items = json.loads((tmp_path / "train.json").read_text(encoding="utf-8"))
+    assert syn.check_answers(kb_dict, items, "kopl", sample=40) == []  # the reference engine agrees
+    wrong = [dict(items[0], answer=items[0]["answer"] + " (wrong)")]
+    assert syn.check_answers(kb_dict, wrong, "kopl") == [items[0]["question"]]
+
+
 def test_sizes_scale_and_refuse_nonpositive():
     assert syn.sizes_at(1.0) == syn.FULL
     assert syn.sizes_at(0.5).entities == 8500 and syn.sizes_at(0.5).concepts == 397

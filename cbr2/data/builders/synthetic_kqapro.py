@@ -31,6 +31,16 @@ descriptions checked to single out their entity, 10 choices) run on this KB; eve
 answer is what the official engine (``Executor(engine="kopl")``) returns for the program, and
 programs with an empty, multiple or failing answer are dropped. Everything is a function of
 ``(scale, seed)``.
+
+``build_splits`` writes a training pool and a validation set of KQA Pro's sizes (94,376 and
+11,797 questions at full size) in its category mix: the validation counts per category are the
+official ones, training follows the same proportions; ``write_benchmark`` puts them in a folder
+``Benchmark("kqapro", folder)`` reads. The generator's shapes grow slowly with the pool: 166
+distinct sketches at 500 questions, 242 at 1,000, 328 at 2,000, 420 at 4,000, 531 at 8,000
+(about 105 more per doubling, on a scale-0.05 KB), so about 900 at 94,376; KQA Pro's own
+composition (descriptions of up to two conditions, ``And``/``Or`` sets, nine categories) is of
+the same kind, and the structural label stage is tested up to 20,000 distinct sketches, well
+above either.
 """
 
 from __future__ import annotations
@@ -54,6 +64,9 @@ VERSION = 1
 
 QUESTIONS_PER_CATEGORY = 40
 """Default questions per category (9 categories: 360 questions)."""
+
+TRAIN_SIZE, VAL_SIZE = 94_376, 11_797
+"""KQA Pro's training and validation sizes (``build_splits`` at full size)."""
 
 
 @dataclass(frozen=True)
@@ -379,6 +392,127 @@ def build_questions(kb_dict: dict[str, Any], seed: int = 0, per_category: int = 
             log.warning("%s: %d of %d questions after %d attempts", category, got, per_category, attempts)
     rng.shuffle(items)
     return items
+
+
+def split_counts(n: int) -> dict[str, int]:
+    """Questions per category for a split of ``n``: KQA Pro's validation mix (exactly its counts
+    at ``VAL_SIZE``), each category at least ``min(100, n // 9)``."""
+    from cbr2.data.builders.mini_kqapro_questions import _train_quotas
+
+    return _train_quotas(n)
+
+
+def build_splits(kb_dict: dict[str, Any], seed: int = 0, n_train: int = TRAIN_SIZE, n_val: int = VAL_SIZE,
+                 engine: str = "kopl", executor: Any = None) -> dict[str, list[dict[str, Any]]]:
+    """A training pool and a validation set over ``kb_dict`` in KQA Pro's category mix.
+
+    Every question's answer is what ``engine`` returns for its program (``cbr2`` is the faster
+    one at full size; ``check_answers`` reruns a sample on the other). No question text is in
+    both splits.
+
+    Args:
+        kb_dict: A KB dict in the newer official schema (read only).
+        seed: Seed of the question RNG (a stream of its own, apart from ``build_questions``').
+        n_train: Training questions (``split_counts`` per category).
+        n_val: Validation questions.
+        engine: The executor engine whose answers are the gold answers.
+        executor: An executor over the same KB to use instead of building one.
+
+    Returns:
+        ``{"train": [...], "val": [...]}`` in the official question-file format, each shuffled.
+
+    Raises:
+        ValueError: If the KB cannot give a category's questions (after 100 attempts per question).
+    """
+    from cbr2.data.builders.mini_kqapro_questions import _Generator
+    from cbr2.kb.loaders import kqapro_kb_from_dict
+    from cbr2.kopl.program import Program
+
+    if executor is None:
+        executor = make_executor(kqapro_kb_from_dict(kb_dict, "<synthetic kqapro>"), engine)
+    rng = random.Random(f"synthetic-kqapro-splits-{seed}")
+    gen = _Generator(kb_dict, lambda program: executor.run(Program.from_json(program)), rng)
+    train_counts, val_counts = split_counts(n_train), split_counts(n_val)
+    splits: dict[str, list[dict[str, Any]]] = {"train": [], "val": []}
+    for category in KQAPRO_CATEGORIES:
+        wanted = train_counts[category] + val_counts[category]
+        items: dict[str, dict[str, Any]] = {}  # by question text: a text is in one split only
+        attempts = 0
+        while len(items) < wanted and attempts < 100 * wanted:
+            attempts += 1
+            record = getattr(gen, category)()
+            if record is not None:
+                items.setdefault(record["item"]["question"], record["item"])
+        if len(items) < wanted:
+            raise ValueError(f"{category}: the KB gave {len(items)} distinct questions of {wanted} "
+                             f"after {attempts} attempts")
+        made = list(items.values())
+        rng.shuffle(made)
+        splits["val"] += made[:val_counts[category]]
+        splits["train"] += made[val_counts[category]:]
+    for name in sorted(splits):
+        rng.shuffle(splits[name])
+    return splits
+
+
+def check_answers(kb_dict: dict[str, Any], items: list[dict[str, Any]], engine: str = "kopl", sample: int = 200,
+                  seed: int = 0) -> list[str]:
+    """Rerun up to ``sample`` of ``items``' programs on ``engine``; the questions whose answer differs.
+
+    What the gold answers promise (each program executes to its answer), checked on a seeded
+    sample where a full pool would take hours on the reference engine.
+    """
+    from cbr2.kb.loaders import kqapro_kb_from_dict
+    from cbr2.kopl.program import Program
+
+    executor = make_executor(kqapro_kb_from_dict(kb_dict, "<synthetic kqapro>"), engine)
+    picked = random.Random(f"synthetic-kqapro-check-{seed}").sample(items, min(sample, len(items)))
+    wrong = []
+    for item in picked:
+        try:
+            out = executor.run(Program.from_json(item["program"]))
+        except Exception:  # noqa: BLE001 - a program that fails is a wrong answer here
+            out = None
+        # As the generator reads an answer: the distinct values, as text.
+        got = sorted({str(x) for x in out}) if isinstance(out, (list, tuple, set)) else [str(out)]
+        if got != [item["answer"]]:
+            wrong.append(item["question"])
+    return wrong
+
+
+def write_benchmark(folder: Any, scale: float = 1.0, seed: int = 0, n_train: int | None = None,
+                    n_val: int | None = None, engine: str = "cbr2") -> dict[str, Any]:
+    """Write ``kb.json``, ``train.json`` and ``val.json`` of the synthetic KB at ``scale`` into ``folder``.
+
+    Question counts default to KQA Pro's times ``scale`` (at least 9 x 4 training and 9 x 2
+    validation questions).
+
+    Returns:
+        ``{"kb_mb", "train", "val", "per_category": {split: {category: n}}, "sketches": {split: n}}``.
+    """
+    import json
+    from pathlib import Path
+
+    from cbr2.data.questions import kqapro_category
+    from cbr2.kopl.program import Program
+    from cbr2.kopl.sketch import sketch
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    n_train = n_train if n_train is not None else max(36, round(TRAIN_SIZE * scale))
+    n_val = n_val if n_val is not None else max(18, round(VAL_SIZE * scale))
+    kb = build_kb(scale, seed)
+    with (folder / "kb.json").open("w", encoding="utf-8") as handle:
+        json.dump(kb, handle, ensure_ascii=False, separators=(",", ":"))
+    splits = build_splits(kb, seed, n_train, n_val, engine)
+    stats: dict[str, Any] = {"kb_mb": (folder / "kb.json").stat().st_size / 1e6, "per_category": {}, "sketches": {}}
+    for name, items in splits.items():
+        (folder / f"{name}.json").write_text(json.dumps(items, ensure_ascii=False), encoding="utf-8")
+        programs = [Program.from_json(q["program"]) for q in items]
+        stats[name] = len(items)
+        stats["per_category"][name] = dict(Counter(kqapro_category(p) for p in programs))
+        stats["sketches"][name] = len({tuple(sketch(p)) for p in programs})
+    return stats
 
 
 def generate(scale: float = 1.0, seed: int = 0, per_category: int = QUESTIONS_PER_CATEGORY,
