@@ -287,6 +287,12 @@ class StructuralTrainConfig:
     """Held-out pairs for ``val/mse`` and ``val/spearman``."""
     holdout: float = bounded(0.1, 0, 1, open_low=True, open_high=True)
     """Share of training questions held out for validation (never paired with training ones)."""
+    sketch_hit_queries: int = bounded(2000, 1)
+    """Held-out questions that query for ``val/sketch_hit@k`` (when more are held out, those first
+    by a hash of their id: the same ones in every run)."""
+    sketch_hit_pool: int = bounded(10000, 1)
+    """Fit-pool questions they retrieve from (chosen likewise). Every validation encodes both:
+    at KQA Pro's 94k questions the whole pool would take minutes on CPUs each time."""
     batch_size: int = bounded(16, 1)
     """Pairs per optimisation step (per device)."""
     lr: float = bounded(1e-4, 0, open_low=True)

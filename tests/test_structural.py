@@ -227,6 +227,22 @@ def test_pairs_never_cross_the_cut(tiny_root):
     assert all(t in fit for t in texts_a + texts_b)
 
 
+def test_sketch_hit_sets_are_bounded_by_id_hash(tiny_root):
+    dm = PairDataModule("kqapro", str(tiny_root), pairs_per_epoch=40, val_pairs=20, holdout=0.25, batch_size=8,
+                        hit_queries=10, hit_pool=30)
+    dm.setup("fit")
+    assert (len(dm.hit_queries), len(dm.hit_pool)) == (10, 30)
+    assert set(dm.hit_queries.qids) <= set(dm.heldout.qids) and set(dm.hit_pool.qids) <= set(dm.fit_pool.qids)
+    assert dm.fit_pool.first_by_hash(30) == dm.hit_pool  # by id only: the same in every run and seed
+    assert set(dm.fit_pool.first_by_hash(20).qids) < set(dm.hit_pool.qids)  # a smaller cap keeps a subset
+    whole = dm.fit_pool.first_by_hash(len(dm.fit_pool))
+    assert whole is dm.fit_pool
+    i = dm.hit_pool.qids.index(dm.hit_pool.qids[3])
+    assert dm.hit_pool.texts[i] == dm.fit_pool.texts[dm.fit_pool.qids.index(dm.hit_pool.qids[i])]
+    with pytest.raises(ConfigError, match="sketch_hit_pool"):
+        PairDataModule("kqapro", str(tiny_root), hit_pool=0)
+
+
 # ------------------------------------------------------------------------------ model
 
 def _training_loss(emb_a, emb_b, labels):

@@ -9,7 +9,9 @@ measures what the encoder learnt about unseen questions.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +25,8 @@ from cbr2.data.benchmarks import Benchmark
 from cbr2.data.questions import Question
 from cbr2.kopl.sketch import sketch
 from cbr2.structural.labels import PairSampler, Sketch, SketchTable
+
+log = logging.getLogger(__name__)
 
 Pair = tuple[str, str, float]
 Batch = tuple[list[str], list[str], torch.Tensor]
@@ -46,6 +50,15 @@ class QuestionSet:
 
     def __len__(self) -> int:
         return len(self.qids)
+
+    def first_by_hash(self, n: int) -> QuestionSet:
+        """At most ``n`` of these questions: those with the smallest hash of their id, in input order."""
+        if len(self) <= n:
+            return self
+        keys = [hashlib.sha256(f"sketch-hit:{qid}".encode()).digest() for qid in self.qids]
+        keep = sorted(sorted(range(len(self)), key=keys.__getitem__)[:n])
+        return QuestionSet([self.qids[i] for i in keep], [self.texts[i] for i in keep],
+                           [self.sketches[i] for i in keep])
 
 
 def is_heldout(qid: str, share: float) -> bool:
@@ -159,7 +172,8 @@ class PairDataModule(L.LightningDataModule):
     """The training split of one benchmark as streamed training pairs and fixed validation pairs.
 
     After ``setup``, ``fit_pool`` and ``heldout`` hold the two sides of the cut (texts and
-    sketches), which validation uses for sketch-hit@k.
+    sketches), and ``hit_queries`` and ``hit_pool`` the parts of them validation encodes for
+    sketch-hit@k. Each stage of ``setup`` is timed in the log.
 
     Args:
         data_name: Benchmark name (``data.name``).
@@ -171,6 +185,8 @@ class PairDataModule(L.LightningDataModule):
         holdout: Share of questions held out, strictly between 0 and 1.
         batch_size: Pairs per batch.
         seed: Seed of the pair draws.
+        hit_queries: Held-out questions that query for sketch-hit@k (``QuestionSet.first_by_hash``).
+        hit_pool: Fit-pool questions they retrieve from.
 
     Raises:
         ConfigError: On a holdout share outside (0, 1) or non-positive pair counts.
@@ -178,18 +194,21 @@ class PairDataModule(L.LightningDataModule):
 
     def __init__(self, data_name: str, data_root: str | None = None, label: str = "seqmatch", label_bins: int = 5,
                  pairs_per_epoch: int = 2048, val_pairs: int = 1000, holdout: float = 0.1, batch_size: int = 32,
-                 seed: int = 0):
+                 seed: int = 0, hit_queries: int = 2000, hit_pool: int = 10000):
         super().__init__()
         if not 0 < holdout < 1:
             raise ConfigError(f"structural.holdout must be strictly between 0 and 1, got {holdout}")
-        for key, value in (("pairs_per_epoch", pairs_per_epoch), ("val_pairs", val_pairs), ("batch_size", batch_size)):
+        for key, value in (("pairs_per_epoch", pairs_per_epoch), ("val_pairs", val_pairs), ("batch_size", batch_size),
+                           ("sketch_hit_queries", hit_queries), ("sketch_hit_pool", hit_pool)):
             if value < 1:
                 raise ConfigError(f"structural.{key} must be positive, got {value}")
         self.data_name, self.data_root, self.label, self.label_bins = data_name, data_root, label, label_bins
         self.pairs_per_epoch, self.val_pairs, self.holdout = pairs_per_epoch, val_pairs, holdout
-        self.batch_size, self.seed = batch_size, seed
+        self.batch_size, self.seed, self.hit_sizes = batch_size, seed, (hit_queries, hit_pool)
         self.fit_pool: QuestionSet | None = None
         self.heldout: QuestionSet | None = None
+        self.hit_queries: QuestionSet | None = None
+        self.hit_pool: QuestionSet | None = None
         self._train_sampler: PairSampler | None = None
         self._val: list[Pair] = []
 
@@ -197,18 +216,34 @@ class PairDataModule(L.LightningDataModule):
         """Read the training split, cut it, and build both samplers (once per process)."""
         if self.fit_pool is not None:
             return
+        clock = time.perf_counter()
+
+        def timed(stage: str) -> None:  # what start-up costs at full size, stage by stage
+            nonlocal clock
+            now = time.perf_counter()
+            log.info("setup: %s in %.1f s", stage, now - clock)
+            clock = now
+
         bench = Benchmark(self.data_name, self.data_root)
         questions = [q for q in bench.questions(bench.family.train_split) if q.program is not None]
+        timed(f"read {len(questions)} training questions")
         fit, held = split_holdout(questions, self.holdout)
         if len(fit) < 2 or len(held) < 2:
             raise ConfigError(f"{self.data_name}: structural.holdout={self.holdout} leaves {len(fit)} fit and "
                              f"{len(held)} held-out questions; both sides need at least 2")
         self.fit_pool, self.heldout = QuestionSet.of(fit), QuestionSet.of(held)
-        self._train_sampler = PairSampler(SketchTable(self.fit_pool.sketches, self.label), self.label_bins)
-        val_sampler = PairSampler(SketchTable(self.heldout.sketches, self.label), self.label_bins)
+        self.hit_queries = self.heldout.first_by_hash(self.hit_sizes[0])
+        self.hit_pool = self.fit_pool.first_by_hash(self.hit_sizes[1])
+        timed(f"cut into {len(fit)} fit and {len(held)} held-out questions, sketched")
+        table = SketchTable(self.fit_pool.sketches, self.label)
+        self._train_sampler = PairSampler(table, self.label_bins)
+        timed(f"labels of the fit pool's {len(table)} distinct sketches")
+        val_table = SketchTable(self.heldout.sketches, self.label)
+        val_sampler = PairSampler(val_table, self.label_bins)
         rng = np.random.default_rng([self.seed, _VAL_STREAM])
         texts = self.heldout.texts
         self._val = [(texts[a], texts[b], y) for a, b, y in val_sampler.sample(rng, self.val_pairs)]
+        timed(f"labels of the held-out {len(val_table)} distinct sketches and {len(self._val)} validation pairs")
 
     def _current_epoch(self) -> int:
         return self.trainer.current_epoch if self.trainer is not None else 0

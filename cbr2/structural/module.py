@@ -70,7 +70,7 @@ class StructuralRetriever(L.LightningModule):
     """A SentenceTransformer fine-tuned on sketch similarity.
 
     Validation reads the held-out questions and the fit pool from the trainer's
-    ``PairDataModule`` (``heldout`` and ``fit_pool``) for sketch-hit@k.
+    ``PairDataModule`` (``hit_queries`` and ``hit_pool``, bounded parts of them) for sketch-hit@k.
 
     Args:
         backbone: Encoder to start from (hub id, local folder or packaged hub id).
@@ -174,8 +174,8 @@ class StructuralRetriever(L.LightningModule):
         # Every rank computes sketch-hit on the same weights, so all log the same numbers.
         dm = self.trainer.datamodule
         batch = self.hparams.eval_batch_size
-        metrics |= sketch_hits(dm.heldout, encode(self.encoder, dm.heldout.texts, batch, progress=False),
-                               dm.fit_pool, encode(self.encoder, dm.fit_pool.texts, batch, progress=False))
+        metrics |= sketch_hits(dm.hit_queries, encode(self.encoder, dm.hit_queries.texts, batch, progress=False),
+                               dm.hit_pool, encode(self.encoder, dm.hit_pool.texts, batch, progress=False))
         self.val_metrics = metrics
         self.log_dict(metrics, sync_dist=True)
 

@@ -289,7 +289,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     s = cfg.structural
     dm = PairDataModule(cfg.data.name, cfg.data.root, label=s.label, label_bins=s.label_bins,
                         pairs_per_epoch=s.pairs_per_epoch, val_pairs=s.val_pairs, holdout=s.holdout,
-                        batch_size=s.batch_size, seed=cfg.seed)
+                        batch_size=s.batch_size, seed=cfg.seed, hit_queries=s.sketch_hit_queries,
+                        hit_pool=s.sketch_hit_pool)
     dm.setup("fit")  # fail on bad data before any model is loaded
     kwargs = slurm_sizing(_trainer_kwargs(cfg))
     # Before any logger starts a W&B run: a backbone that cannot load fails here.
@@ -314,7 +315,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         log.warning("%s holds run %s, trained with another configuration; run %s continues from its checkpoint "
                     "(choose another output_dir to start afresh)", out, earlier, rid)
     try:
+        before = time.perf_counter()
         baseline = _baseline(module, dm, kwargs, out, rid, loggers)
+        log.info("start-up: %.1f s, the untrained baseline's validation %.1f s of it (sketch-hit of %d held-out "
+                 "questions against %d)", time.perf_counter() - started, time.perf_counter() - before,
+                 len(dm.hit_queries), len(dm.hit_pool))
         _fit(trainer, module, dm, kwargs, out, loggers, resume, checkpointing)
     finally:
         _finish_wandb(loggers)
