@@ -205,6 +205,25 @@ def test_chromium_shows_every_question_and_filters(run, tmp_path):
     assert [q for q, hidden in rows(dom) if not hidden] == ["val-2"]
 
 
+def test_chromium_pages_a_long_run(tmp_path):
+    """A whole validation set is shown a page of rows at a time; a link opens a question on its page."""
+    browser = chromium()
+    records = [prediction(f"val-{i:04d}", "Count" if i % 3 else "Verify", i % 2 == 0, kind="wrong")
+               for i in range(450)]
+    page = write_browser(write_run(tmp_path / "long", records))
+    dom = dump_dom(browser, page, "", tmp_path / "profile")
+    assert rows(dom) == [(f"val-{i:04d}", False) for i in range(200)]  # the first page only is built
+    assert shown_count(dom) == "450 of 450 questions shown" and "page 1 of 3" in dom
+    dom = dump_dom(browser, page, "page=3", tmp_path / "profile")
+    assert rows(dom) == [(f"val-{i:04d}", False) for i in range(400, 450)]
+    dom = dump_dom(browser, page, "correct=wrong&page=2", tmp_path / "profile")  # filters, then pages
+    assert [q for q, _ in rows(dom)] == [f"val-{i:04d}" for i in range(1, 450, 2)][200:]
+    dom = dump_dom(browser, page, "open=val-0321", tmp_path / "profile")
+    assert re.search(r'<details class="q wrong" data-id="val-0321"[^>]* open=""', dom) and "page 2 of 3" in dom
+    dom = dump_dom(browser, page, "category=Verify&open=val-0001", tmp_path / "profile")  # filtered out: shown too
+    assert rows(dom)[0] == ("val-0001", False) and shown_count(dom) == "151 of 450 questions shown"
+
+
 def test_chromium_renders_hostile_text_as_text(run, tmp_path):
     browser = chromium()
     page = write_browser(run)

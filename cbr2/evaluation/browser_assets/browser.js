@@ -116,26 +116,50 @@ controls.q = el("input", {type: "search", name: "q", placeholder: "search id, qu
 bar.append(el("label", {}, "search", controls.q));
 const count = el("span", {class: "count", id: "count"});
 bar.append(count);
+// Rows are built for the page on show only: a whole validation set (11,797 questions) as one
+// list of elements would keep the first page from showing for seconds.
+const PAGE = 200;
+const pager = el("nav", {class: "pager", id: "pager"});
 const list = el("main", {id: "list"});
-const rows = [], frag = document.createDocumentFragment();
-Q.forEach((q, i) => { const r = row(q, i); rows.push(r); frag.append(r); });
-list.append(frag);
-app.append(header(), bar, list);
+const rows = [];
+let matches = [], page = 0, extra = null;
+app.append(header(), bar, pager, list);
+
+function rowAt(i) { return rows[i] || (rows[i] = row(Q[i], i)); }
+
+function render() {
+  const pages = Math.max(1, Math.ceil(matches.length / PAGE));
+  page = Math.min(Math.max(page, 0), pages - 1);
+  const shown = matches.slice(page * PAGE, (page + 1) * PAGE).map(rowAt);
+  if (extra !== null && !matches.includes(extra)) shown.unshift(rowAt(extra));  // opened by link, filtered out
+  shown.forEach(r => { r.hidden = false; });
+  list.replaceChildren(...shown);
+  const total = matches.length + (extra !== null && !matches.includes(extra) ? 1 : 0);
+  count.textContent = total + " of " + Q.length + " questions shown";
+  pager.replaceChildren();
+  if (pages > 1) {
+    const go = (to, label, off) => {
+      const b = el("button", {type: "button", disabled: off}, label);
+      b.addEventListener("click", () => { page = to; extra = null; render(); toHash(); window.scrollTo(0, 0); });
+      return b;
+    };
+    pager.append(go(page - 1, "← previous", page === 0), " page " + (page + 1) + " of " + pages + " ",
+                 go(page + 1, "next →", page === pages - 1));
+  }
+}
 
 function apply() {
   const want = {};
   for (const [param, , field] of FILTERS) want[field] = controls[param].value;
   const needle = controls.q.value.trim().toLowerCase();
-  let shown = 0;
+  matches = [];
   Q.forEach((q, i) => {
     let ok = true;
     for (const field in want) if (want[field] && q[field] !== want[field]) { ok = false; break; }
     if (ok && needle) ok = haystack(q).includes(needle);
-    rows[i].hidden = !ok;
-    if (ok) shown++;
+    if (ok) matches.push(i);
   });
-  count.textContent = shown + " of " + Q.length + " questions shown";
-  apply.shown = shown;
+  render();
 }
 
 function fromHash() {
@@ -146,28 +170,31 @@ function fromHash() {
       controls[name].append(el("option", {value: v}, v + " (0)"));
     controls[name].value = v;
   }
+  page = (parseInt(p.get("page"), 10) || 1) - 1;
+  extra = null;
+  const open = p.get("open"), at = open ? Q.findIndex(q => q.id === open) : -1;
+  if (at >= 0) extra = at;
   apply();
-  const open = p.get("open");
-  if (open) {
-    const r = rows.find(r => r.dataset.id === open);
-    if (r && r.hidden) { r.hidden = false; count.textContent = (apply.shown + 1) + " of " + Q.length + " questions shown"; }
-    if (r) {
-      r.open = true;
-      const top = r.getBoundingClientRect().top;
-      if (top < bar.offsetHeight || top > window.innerHeight - 40) r.scrollIntoView();
-    }
+  if (at >= 0) {
+    const pos = matches.indexOf(at);
+    if (pos >= 0 && Math.floor(pos / PAGE) !== page) { page = Math.floor(pos / PAGE); render(); }
+    const r = rowAt(at);
+    r.open = true;
+    const top = r.getBoundingClientRect().top;
+    if (top < bar.offsetHeight || top > window.innerHeight - 40) r.scrollIntoView();
   }
 }
 
 function toHash() {
   const p = hashParams();
   for (const name in controls) { if (controls[name].value) p.set(name, controls[name].value); else p.delete(name); }
+  if (page > 0) p.set("page", page + 1); else p.delete("page");
   setHash(p);
 }
 let typing = 0;  // search as one types, once the typing pauses (10k questions stay responsive)
 for (const name in controls) controls[name].addEventListener(name === "q" ? "input" : "change", () => {
   clearTimeout(typing);
-  typing = setTimeout(() => { apply(); toHash(); }, name === "q" ? 150 : 0);
+  typing = setTimeout(() => { page = 0; extra = null; apply(); toHash(); }, name === "q" ? 150 : 0);
 });
 window.addEventListener("hashchange", fromHash);
 fromHash();
