@@ -209,3 +209,28 @@ def test_small_collections_are_encoded_in_one_call(tmp_path):
     once = _Encoder()
     store.get("facts", TEXTS[:1000], "enc", "w", once)
     assert once.calls == [1000] and not list(tmp_path.glob("*.partial"))
+
+
+@pytest.mark.slow  # a dozen train.py / evaluate.py processes: minutes on two cores
+def test_full_size_benchmark_runs_every_stage_at_a_tiny_scale(tmp_path):
+    """``benchmarks/full_size.py``: the path of the full-size measurement, at a scale CI affords."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "full-size"
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "full_size.py"), "--scale", "0.002", "--out",
+                           str(out), "--train-steps", "1", "--shards", "2", "--sample", "20"],
+                          capture_output=True, text=True, timeout=3000, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {r["stage"]: r for r in json.loads((out / "results.json").read_text())}
+    for stage in ("generate", "check answers (kopl, sample)", "train start-up", "evaluate cold", "evaluate warm",
+                  "report", "browser", "2 shards (sum)", "merge 2 shards", "sweep tasks (2 settings)", "finalize"):
+        assert rows[stage]["seconds"] > 0 and rows[stage]["peak_rss_gb"] > 0, stage
+    assert rows["train start-up"]["startup_s"] > 0  # parsed from train.py's log
+    cold = json.loads((out / "runs" / "cold" / "metrics.json").read_text())
+    merged = json.loads((out / "runs" / "sharded" / "metrics.json").read_text())
+    assert cold["n"] == merged["n"] == rows["generate"]["val"] and cold["hits@1"] == merged["hits@1"]
+    assert (out / "sweeps" / "table5" / "report" / "ablation.md").is_file()
+    assert "Largest peak:" in (out / "report.md").read_text() and "| evaluate cold |" in done.stdout
