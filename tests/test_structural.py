@@ -237,8 +237,9 @@ def test_sketch_hit_sets_are_bounded_by_id_hash(tiny_root):
     assert set(dm.fit_pool.first_by_hash(20).qids) < set(dm.hit_pool.qids)  # a smaller cap keeps a subset
     whole = dm.fit_pool.first_by_hash(len(dm.fit_pool))
     assert whole is dm.fit_pool
-    i = dm.hit_pool.qids.index(dm.hit_pool.qids[3])
-    assert dm.hit_pool.texts[i] == dm.fit_pool.texts[dm.fit_pool.qids.index(dm.hit_pool.qids[i])]
+    where = {qid: i for i, qid in enumerate(dm.fit_pool.qids)}
+    assert all((text, sk) == (dm.fit_pool.texts[where[qid]], dm.fit_pool.sketches[where[qid]])
+               for qid, text, sk in zip(*vars(dm.hit_pool).values(), strict=True))  # rows stay together
     with pytest.raises(ConfigError, match="sketch_hit_pool"):
         PairDataModule("kqapro", str(tiny_root), hit_pool=0)
 
