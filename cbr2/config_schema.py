@@ -136,15 +136,17 @@ class GenerationConfig:
     """Least similarity (0-1, lexical and embedding) for a snap; below it the argument is kept."""
     grounded: bool = True
     """Under the grammar, ``Find`` arguments and literal values drawn from what the question names
-    (``cbr2.generation.grounded``, needs ``retrieval.link``; the ``llamacpp`` backend); a kind
+    (``cbr2.generation.grounded``, needs ``retrieval.link``; the ``llamacpp``, ``vllm`` and ``openai``
+    backends, docs/generation.md); a kind
     linking found nothing for is left to the grammar. Chosen on validation with linking and
     masking (docs/cpu-default.md, "Grounded single pass")."""
     candidates: int = bounded(1, 1, 16)
-    """Execution-guided choice (the ``llamacpp`` backend; others decode one program): when the greedy
-    program does not parse, type-check or execute to a non-empty answer, up to ``candidates - 1``
-    more are decoded from the same prompt computation, each leaving the greedy path at one of its
-    closest calls (smallest logit margin first), and the first that executes to an answer is kept.
-    No gold answer is read: an answer, right or wrong, ends the search."""
+    """Execution-guided choice under the grammar (the ``llamacpp`` and ``vllm`` backends): when the
+    greedy program does not parse, type-check or execute to a non-empty answer, up to
+    ``candidates - 1`` more are decoded from the same prompt computation (llama.cpp: each leaving
+    the greedy path at one of its closest calls, smallest logit margin first; vLLM: sampled in one
+    request) and the first that executes to an answer is kept. No gold answer is read: an answer,
+    right or wrong, ends the search."""
     fallback: bool = False
     """When the single-pass program fails (syntax, type or execution error, empty answer), one
     correction round with the error and the nearest valid schema items."""

@@ -157,6 +157,8 @@ class FakeBackend:
 
     name = "fake"
     uses_chat = False
+    capabilities = frozenset({"constrained", "grounded"})
+    """It takes the grammar and the prompts' candidates (recording them) and answers ``reply``."""
 
     def __init__(self, reply: Callable[..., object] | None = None):
         self.reply = reply or (lambda prompt: FAKE_REPLY)

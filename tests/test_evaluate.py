@@ -287,3 +287,39 @@ def test_execution_guided_choice_keeps_the_first_program_that_answers_without_re
         else:
             assert chosen["generated"] == first["generated"] and chosen["candidates"]["tried"] > 1
     assert any(r["candidates"]["tried"] > 1 for r in many), "no question needed an alternative"
+
+
+def test_a_setting_the_backend_cannot_decode_stops_the_run_before_retrieval(tmp_path, monkeypatch, fake_backend):
+    """Backends declare the decoding features they honour; a run that asks for one its backend
+    lacks stops at start in one line naming those that have it (nothing retrieved, nothing built)."""
+    from cbr2.evaluation import runner
+
+    def no_retrieval(*args, **kwargs):
+        raise AssertionError("retrieval started")
+
+    monkeypatch.setattr(runner, "Retriever", no_retrieval)
+    monkeypatch.setattr(type(fake_backend), "capabilities", frozenset({"constrained"}))
+    base = [f"output_dir={tmp_path / 'run'}", "llm.backend=fake", "eval.limit=2", "wandb.mode=disabled"]
+    with pytest.raises(ConfigError) as err:
+        run_evaluation(load_config([*base]))  # the defaults: constrained, grounded, linking on
+    assert str(err.value) == ("generation.grounded=true: llm.backend=fake cannot decode it; use "
+                              "llm.backend=vllm or openai or llamacpp, or set generation.grounded=false")
+    with pytest.raises(ConfigError, match=r"^generation.candidates=3: llm.backend=fake cannot decode it; use "
+                                          r"llm.backend=vllm or llamacpp, or set generation.candidates=1$"):
+        run_evaluation(load_config([*base, "generation.grounded=false", "generation.candidates=3"]))
+    with pytest.raises(ConfigError, match="generation.candidates=3 needs generation.constrained=true"):
+        run_evaluation(load_config([*base, "generation.constrained=false", "generation.candidates=3"]))
+    assert fake_backend.builds == 0
+    # Grounded decoding is asked only where it acts: without linking no prompt carries candidates.
+    metrics = run_evaluation(load_config([*base, *NO_RETRIEVAL, "retrieval.link=false"]))
+    assert metrics["n"] == 2 and fake_backend.grammar is not None
+
+
+def test_what_the_backend_knows_of_its_decoding_is_recorded_as_it_gives_it(tmp_path, fake_backend):
+    from cbr2.llm.base import Completion
+
+    fake_backend.reply = lambda prompt: Completion("r1: FindAll[] → Count[]", 5, 2,
+                                                   decoding={"candidates": {"tried": 2, "kept": 1}, "engine": "x"})
+    _, out = evaluate(tmp_path, "llm.backend=fake", "eval.limit=2")
+    records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert [(r["candidates"], r["engine"], r["completion_tokens"]) for r in records] == [({"tried": 2, "kept": 1}, "x", 2)] * 2

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from cbr2.config import load_config
 from cbr2.config_schema import LLMConfig
 from cbr2.llm import BACKENDS, backend_class, make_backend
-from cbr2.llm.base import Backend, Prompt, token_cap
+from cbr2.llm.base import FEATURES, Backend, Prompt, token_cap
 
 LLM_DIR = Path(__file__).resolve().parents[1] / "cbr2" / "llm"
 
@@ -36,9 +36,12 @@ def _cheap_instances():
 
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))
-def test_every_registered_backend_has_the_protocols_methods(name):
+def test_every_registered_backend_has_the_protocols_methods_and_declares_its_features(name):
     cls = backend_class(name)
-    assert issubclass(cls, Backend)
+    # Declared on the class (read before one is built), and only features the runner knows.
+    assert isinstance(cls.__dict__.get("capabilities"), frozenset) and cls.capabilities <= set(FEATURES), name
+    if "candidates" in cls.capabilities:  # what declaring it promises: generate takes the choice's arguments
+        assert {"accept", "candidates"} <= set(inspect.signature(cls.generate).parameters), name
     for method in ("identity", "render", "generate"):
         ours = list(inspect.signature(getattr(Backend, method)).parameters)
         theirs = list(inspect.signature(getattr(cls, method)).parameters)

@@ -46,7 +46,7 @@ from cbr2.generation.prompt import PromptBuilder, prompt_hash
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.sketch import schema_items, sketch
 from cbr2.kopl.text import parse_text
-from cbr2.llm import backend_class, make_backend
+from cbr2.llm import check_capabilities, make_backend
 from cbr2.llm.base import PROMPT_TOO_LONG, Completion, Prompt
 from cbr2.retrieval.cases import VIEWS, Query
 from cbr2.retrieval.knowledge import Knowledge
@@ -63,7 +63,9 @@ def _prepare(cfg: DictConfig, bench: Benchmark, retrieval_only: bool) -> DictCon
     """Checks that fail fast; the configuration with the structural retriever resolved (a new
     one: the caller's is left as it is)."""
     if not retrieval_only:
-        backend_class(cfg.llm.backend)  # a misspelt backend fails before minutes of retrieval
+        # A misspelt backend, or one that cannot decode what the generation section asks, fails
+        # before minutes of retrieval and model loading.
+        check_capabilities(cfg)
     check_retrieval_config(cfg.retrieval)
     if retrieval_only or "structural" in CASE_MODES[cfg.retrieval.cases]:
         # Resolved once and saved in config.yaml, so the run records the exact retriever used.
@@ -218,12 +220,10 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
                     now = time.perf_counter()
                     record = (unanswered(questions[i], PROMPT_TOO_LONG, completion.overflow) if completion.overflow
                               else score(completion.text, i))
-                    if prompts[i].grounding:
-                        record["grounded"] = _grounded(record, prompts[i])
-                    # Wall time since the previous answer: their sum is the run's generation time,
-                    # also for backends that return a whole batch at once.
-                    if completion.candidates is not None:
-                        record["candidates"] = completion.candidates
+                    # What the prompt and the backend know of how the text was decoded, as they give it;
+                    # latency is the wall time since the previous answer: their sum is the run's
+                    # generation time, also for backends that return a whole batch at once.
+                    record.update(_prompt_fields(record, prompts[i]), **completion.decoding)
                     record.update(prompt_hash=hashes[i], generation_key=gen_key,
                                   prompt_tokens=completion.prompt_tokens,
                                   completion_tokens=completion.completion_tokens, latency_s=now - last[0])
@@ -235,38 +235,38 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
                     write(record)
                     bar.update()
 
-                backend.generate([prompts[i] for i in todo], on_result=on_result, **_choice(gen, backend, todo, score))
+                backend.generate([prompts[i] for i in todo], on_result=on_result, **_choice(gen, todo, score))
         if pending:
             _correct(cfg, bench, canonicalize, backend, [(i, prompts[i], done[questions[i].qid]) for i in pending],
                      score, write)
     return [done[q.qid] for q in questions]
 
 
-def _choice(gen: DictConfig, backend: Any, todo: Sequence[int],
-            score: Callable[[str, int], Prediction]) -> dict[str, Any]:
-    """``generate``'s arguments of execution-guided choice (``generation.candidates``), or none.
+def _choice(gen: DictConfig, todo: Sequence[int], score: Callable[[str, int], Prediction]) -> dict[str, Any]:
+    """``generate``'s arguments of execution-guided choice (``generation.candidates``), or none
+    (``check_capabilities`` made sure at start that the backend takes them).
 
     A program is accepted when it parses, type-checks and executes to a non-empty answer: what
     is visible without the gold answer (the fallback's ``FIRES_ON`` kinds are the refusals).
     """
     if gen.candidates <= 1:
         return {}
-    if backend.name != "llamacpp":
-        log.warning("generation.candidates=%d needs llm.backend=llamacpp; %s decodes one program per question",
-                    gen.candidates, backend.name)
-        return {}
     return {"candidates": gen.candidates, "accept": lambda j, text: score(text, todo[j])["error_kind"] not in FIRES_ON}
 
 
-def _grounded(record: Prediction, prompt: Prompt) -> list[dict]:
-    """Which of the program's grounded-kind arguments came from the question's candidates."""
+def _prompt_fields(record: Prediction, prompt: Prompt) -> dict[str, Any]:
+    """The record's fields that compare its program with what its prompt offered: ``grounded``,
+    which of the program's grounded-kind arguments came from the question's candidates (with
+    grounded decoding; none without)."""
+    if not prompt.grounding:
+        return {}
     program = None
     if record.get("program"):
         try:
             program = parse_text(record["program"], "dag")
         except ValueError:
             program = None
-    return grounded_arguments(program, dict(prompt.grounding))
+    return {"grounded": grounded_arguments(program, dict(prompt.grounding))}
 
 
 def _correct(cfg: DictConfig, bench: Benchmark, canonicalize: Any, backend: Any,

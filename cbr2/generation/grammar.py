@@ -37,7 +37,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterable
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -112,7 +113,8 @@ class ProgramGrammar:
 
     Attributes:
         ebnf: The grammar text (xgrammar's EBNF dialect, which vLLM's ``grammar`` takes too).
-        max_bytes: Length in UTF-8 bytes of the longest accepted text.
+        max_bytes: Length in UTF-8 bytes of the longest accepted text (also of every
+            ``grounded_ebnf``, whose language is a subset).
         functions: Functions usable with this KB (those whose closed slots are non-empty).
     """
 
@@ -123,6 +125,8 @@ class ProgramGrammar:
             raise ValueError(f"unknown program format {fmt!r}; expected one of {', '.join(FORMATS)}")
         self.fmt, self.bounds = fmt, bounds
         self._r = _Rules()
+        self._valid: dict[str, Callable[[str], bool]] = {}
+        """Per argument kind, whether an argument text is one its rule derives (``grounded_ebnf``)."""
         self._args = self._argument_rules(vocab)
         self.functions = [s for s in FUNCTIONS.values() if all(a.kind in self._args for a in s.args)]
         self._memo: dict[tuple, str | None] = {}
@@ -142,7 +146,12 @@ class ProgramGrammar:
     # --- arguments ---------------------------------------------------------------------------
 
     def _argument_rules(self, vocab: Vocabulary) -> dict[str, str]:
-        """One rule per argument kind; a kind with nothing valid gets none (its functions drop out)."""
+        """One rule per argument kind; a kind with nothing valid gets none (its functions drop out).
+
+        Beside each kind's rule, ``self._valid[kind]`` says whether a text is one the rule derives:
+        the same language as a Python pattern or set, so ``grounded_ebnf`` can keep the candidates
+        the grammar accepts without a grammar engine.
+        """
         r, b = self._r, self.bounds
         n = b.max_literal_chars
         char = _char_class(_FORBIDDEN)
@@ -150,33 +159,47 @@ class ProgramGrammar:
         # Non-empty, no surrounding spaces (the parser strips them), at most n characters;
         # a character is up to 4 UTF-8 bytes.
         r.add("text", [(f"{edge} ({char}{{0,{max(0, n - 2)}}} {edge})?", 4 * n)])
+        text = f"{edge}(?:{char}{{0,{max(0, n - 2)}}}{edge})?"
         r.add("int", [("[0-9]{1,20}", 20)])
         r.add("number", [('"-"? int ("." [0-9]{1,8})?', 30)])
+        number = r"-?[0-9]{1,20}(?:\.[0-9]{1,8})?"
         r.add("year", [('"-"? [0-9]{1,4}', 5)])
+        year = "-?[0-9]{1,4}"
         month_days = []
         for month, days in _MONTH_DAYS.items():
             day = "|".join(_lit(f"{d:02d}") for d in range(1, days + 1))
             month_days.append((f'"{month}-" ({day})', 5))
         r.add("monthday", month_days)
+        monthday = "|".join(f"{month}-(?:{'|'.join(f'{d:02d}' for d in range(1, days + 1))})"
+                            for month, days in _MONTH_DAYS.items())
         # A calendar date needs a positive year (Python's date, which the checker uses); a bare
         # year is a date literal too, as in the engine.
         r.add("date", [('[1-9] [0-9]{0,3} "-" monthday', 10), ("year", 5)])
+        date = f"[1-9][0-9]{{0,3}}-(?:{monthday})|{year}"
         kinds: dict[str, str] = {"string": "text", "year": "year", "date": "date", "any": "text"}
+        patterns = {"string": text, "year": year, "date": date, "any": text}
         units = sorted({u for us in vocab.units.values() for u in us if u != "1"})
         if units:
             r.add("unit", [(_lit(escape_arg(u)), _nbytes(escape_arg(u))) for u in units])
             r.add("quantity", [('number (" " unit)?', 30 + 1 + r.longest["unit"])])
+            patterns["quantity"] = f"{number}(?: (?:{'|'.join(re.escape(escape_arg(u)) for u in units)}))?"
         else:
             r.add("quantity", [("number", 30)])
+            patterns["quantity"] = number
         kinds["quantity"] = "quantity"
+        self._valid = {kind: re.compile(pattern).fullmatch for kind, pattern in patterns.items()}
         for kind, values in CLOSED_KINDS.items():
             kinds[kind] = r.add(f"k_{kind}", [(_lit(v), _nbytes(v)) for v in values])
+            self._valid[kind] = frozenset(values).__contains__
         for kind in SLOT_KINDS:
             items = sorted(slot_items(vocab, kind))
             if kind == "entity" and len(items) > b.closed_entities:
                 kinds[kind] = "text"
+                self._valid[kind] = self._valid["string"]
                 continue
-            kinds[kind] = r.add(f"k_{kind}", [(_lit(escape_arg(v)), _nbytes(escape_arg(v))) for v in items])
+            written = [escape_arg(v) for v in items]
+            kinds[kind] = r.add(f"k_{kind}", [(_lit(v), _nbytes(v)) for v in written])
+            self._valid[kind] = frozenset(written).__contains__
         return {k: v for k, v in kinds.items() if v is not None}
 
     def _call(self, spec: FunctionSpec) -> str:
@@ -185,17 +208,60 @@ class ProgramGrammar:
         if name in self._r.rules:
             return name
         names = [spec.name] + [a for a, target in ALIASES.items() if target == spec.name]
+        size = max(len(n) for n in names) + 2 + 3 * max(0, len(spec.args) - 1)
+        size += sum(self._r.longest[self._args[arg.kind]] for arg in spec.args)
+        self._r.add(name, [(self._call_body(spec, self._args), size)])
+        return name
+
+    @staticmethod
+    def _call_body(spec: FunctionSpec, args: Mapping[str, str]) -> str:
+        """The body of a call's rule, each argument of kind ``k`` written by rule ``args[k]``."""
+        names = [spec.name] + [a for a, target in ALIASES.items() if target == spec.name]
         head = " | ".join(_lit(n) for n in names)
-        parts, size = [f"({head})", '"["'], max(len(n) for n in names) + 2
+        parts = [f"({head})", '"["']
         for i, arg in enumerate(spec.args):
             if i:
                 parts.append('" | "')
-                size += 3
-            parts.append(self._args[arg.kind])
-            size += self._r.longest[self._args[arg.kind]]
+            parts.append(args[arg.kind])
         parts.append('"]"')
-        self._r.add(name, [(" ".join(parts), size)])
-        return name
+        return " ".join(parts)
+
+    # --- grounded decoding -------------------------------------------------------------------
+
+    def grounded_ebnf(self, candidates: Mapping[str, Sequence[str]]) -> str:
+        """This grammar for one question under grounded decoding (``generation.grounded``).
+
+        An argument of a kind with candidates (``cbr2.generation.grounded.slot_candidates``:
+        ``Prompt.grounding``) may only be one of those the KB grammar accepts for that kind; a kind
+        with none of them valid, or without candidates, keeps the KB grammar's rule. This is the
+        meaning of the ``llamacpp`` backend's token-level layer (``GroundedMask``) as one grammar,
+        for engines that take a grammar per request (vLLM's structured outputs). Rules no longer
+        reachable (a closed entity list replaced in every call) are left out, so the engine
+        compiles a smaller grammar. Its language is a subset of ``ebnf``'s: ``max_bytes`` still
+        bounds it.
+
+        Args:
+            candidates: Argument kind → the question's values for it (as linking wrote them).
+
+        Returns:
+            The EBNF text; ``ebnf`` itself when no candidate is valid.
+        """
+        rules = dict(self._r.rules)
+        args = dict(self._args)
+        for kind, values in candidates.items():
+            if kind not in args:
+                continue
+            kept = [t for t in dict.fromkeys(escape_arg(v) for v in values if v) if self._valid[kind](t)]
+            if kept:
+                args[kind] = f"g_{kind}"
+                rules[args[kind]] = " | ".join(_lit(t) for t in kept)
+        if args == self._args:
+            return self.ebnf
+        for spec in self.functions:
+            name = f"f_{spec.name}"
+            if name in rules and any(args[a.kind] != self._args[a.kind] for a in spec.args):
+                rules[name] = self._call_body(spec, args)
+        return "\n".join(f"{name} ::= {body}" for name, body in _reachable(rules, "root").items()) + "\n"
 
     # --- typed structure ---------------------------------------------------------------------
 
@@ -326,6 +392,22 @@ class ProgramGrammar:
             self._matcher = xgr.GrammarMatcher(text_only.compile_grammar(self._xgr_grammar()),
                                                terminate_without_stop_token=True)
         return self._matcher
+
+
+_LITERALS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]')
+"""String literals and character classes of an EBNF body (what is not a rule name)."""
+_NAMES = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _reachable(rules: dict[str, str], root: str) -> dict[str, str]:
+    """The rules that ``root`` reaches, in their order."""
+    seen, todo = {root}, [root]
+    while todo:
+        for name in _NAMES.findall(_LITERALS.sub(" ", rules[todo.pop()])):
+            if name in rules and name not in seen:
+                seen.add(name)
+                todo.append(name)
+    return {name: body for name, body in rules.items() if name in seen}
 
 
 def _nbytes(text: str) -> int:

@@ -2,7 +2,9 @@
 
 A backend (the ``Backend`` protocol of ``cbr2.llm.base``) turns ``Prompt``s into ``Completion``s with
 ``generate(prompts, on_result=None)``, shows the exact model input with ``render(prompt)``
-and names what its outputs depend on with ``identity()`` (the predictions cache key). Heavy
+and names what its outputs depend on with ``identity()`` (the predictions cache key). Each
+backend class declares the decoding features it honours (``capabilities``, ``cbr2.llm.base.FEATURES``);
+``check_capabilities`` stops a run at start whose settings ask its backend for more. Heavy
 packages (torch, transformers, vLLM, openai) are imported inside the backends, so choosing
 ``gold`` never loads them.
 """
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from cbr2.common.console import did_you_mean
 from cbr2.common.errors import ConfigError
-from cbr2.llm.base import Backend
+from cbr2.llm.base import FEATURES, Backend
 
 if TYPE_CHECKING:
     from cbr2.data.questions import Question
@@ -44,6 +46,51 @@ def backend_class(name: str) -> Callable[..., Backend]:
     return getattr(importlib.import_module(module), cls)
 
 
+def requested_features(cfg: Any) -> dict[str, str]:
+    """The decoding features (``FEATURES``) a run's configuration asks of its backend, each with
+    the setting that asks for it (as the user would write it).
+
+    Grounded decoding is asked only where it acts: under the grammar, with linking on (without
+    ``retrieval.link`` no prompt carries candidates).
+
+    Raises:
+        ConfigError: For ``generation.candidates`` > 1 without ``generation.constrained``: the
+            alternatives are decoded under the grammar, on every backend.
+    """
+    gen = cfg.generation
+    asked = {}
+    if gen.constrained:
+        asked["constrained"] = "generation.constrained=true"
+        if gen.grounded and cfg.retrieval.link:
+            asked["grounded"] = "generation.grounded=true"
+    if gen.candidates > 1:
+        if not gen.constrained:
+            raise ConfigError(f"generation.candidates={gen.candidates} needs generation.constrained=true "
+                              "(the alternatives are decoded under the grammar)")
+        asked["candidates"] = f"generation.candidates={gen.candidates}"
+    assert set(asked) <= set(FEATURES)
+    return asked
+
+
+def check_capabilities(cfg: Any) -> None:
+    """Stops a run whose configuration asks its backend for a decoding feature it lacks, before
+    anything is retrieved or loaded, naming the backends that have it.
+
+    Raises:
+        ConfigError: For an unknown ``llm.backend``, or a feature the backend does not declare.
+    """
+    name = cfg.llm.backend
+    have = backend_class(name).capabilities
+    for feature, setting in requested_features(cfg).items():
+        if feature not in have:
+            # The gold writer accepts every setting but decodes nothing: it is no alternative to offer.
+            able = [n for n in BACKENDS if n != "gold" and feature in backend_class(n).capabilities]
+            key = setting.split("=")[0]
+            off = "1" if feature == "candidates" else "false"
+            raise ConfigError(f"{setting}: llm.backend={name} cannot decode it; use llm.backend={' or '.join(able)}, "
+                              f"or set {key}={off}")
+
+
 def make_backend(section: Any, questions: Sequence[Question] = (), grammar: ProgramGrammar | None = None,
                  program_format: str = "dag") -> Backend:
     """The configured backend, built but not loaded (weights load on the first ``generate``).
@@ -51,8 +98,8 @@ def make_backend(section: Any, questions: Sequence[Question] = (), grammar: Prog
     Args:
         section: The ``llm`` section (``cbr2.config_schema.LLMConfig``), which the backends read.
         questions: The evaluated questions; only ``gold`` reads them (their gold programs).
-        grammar: Decode under this grammar (``generation.constrained``); ``hf``, ``vllm`` and
-            ``openai`` honour it, ``gold`` writes gold programs and ignores it.
+        grammar: Decode under this grammar (``generation.constrained``); every backend but
+            ``gold``, which writes gold programs, decodes under it (``capabilities``).
         program_format: ``prompt.format``, the form the ``gold`` writer writes programs in.
 
     Raises:

@@ -5,7 +5,8 @@ per prompt, in order. How a prompt becomes model input is the backend's business
 ``Prompt.text`` for a base model (plain completion), ``Prompt.messages`` with the model's
 chat template for an instruction model (``llm.chat``). ``render`` shows exactly that input
 without loading weights, for ``evaluate.py --show-prompt``. ``Backend`` is the protocol that
-every backend satisfies.
+every backend satisfies; its ``capabilities`` name the decoding features (``FEATURES``) it
+honours, so a run asks the backend, not its name, and one that asks for more stops at start.
 
 Backends read their ``llm`` section (``cbr2.config.LLMConfig``, or a DictConfig of it) field by
 field with no fallbacks of their own: every default is stated once, in the schema.
@@ -13,8 +14,9 @@ field with no fallbacks of their own: every default is stated once, in the schem
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+import hashlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -64,30 +66,53 @@ class Completion:
         overflow: Set (saying by how much) when the prompt did not fit the model's context, so
             nothing was generated: the run records the question as a failure of its own kind
             (``PROMPT_TOO_LONG``) and goes on.
-        candidates: See below.
+        decoding: What the backend knows about how it decoded ``text``, as prediction-record
+            fields the run writes as they are: ``candidates`` (``{"tried": n, "kept": i}``, the
+            programs decoded for the prompt and which of them ``text`` is, 0 the first) with
+            ``generation.candidates`` > 1.
     """
 
     text: str
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     overflow: str | None = None
-    candidates: dict | None = None
-    """With ``generation.candidates`` > 1 (the ``llamacpp`` backend): ``{"tried": n, "kept": i}``,
-    the programs decoded for the prompt and which of them ``text`` is (0: the greedy one)."""
+    decoding: Mapping[str, Any] = field(default_factory=dict)
 
 
 PROMPT_TOO_LONG = "prompt_too_long"
 """``error_kind`` of a question whose prompt does not fit the model's context (``Completion.overflow``)."""
 
 
+FEATURES = {
+    "constrained": "decodes under the run's grammar (``generation.constrained``): the backend is built "
+                   "with a ``grammar``",
+    "grounded": "decodes a prompt that carries ``Prompt.grounding`` under the grammar with its arguments "
+                "drawn from those candidates (``generation.grounded``, ``cbr2.generation.grounded``)",
+    "candidates": "execution-guided choice (``generation.candidates``): ``generate`` takes ``accept`` and "
+                  "``candidates`` and decodes up to that many programs for a prompt whose first one "
+                  "``accept`` refuses",
+}
+"""The decoding features a backend may declare in ``capabilities``, and what declaring one promises."""
+
+
+def prompt_seed(seed: int, text: str) -> int:
+    """A sampling seed for one prompt from ``llm.seed`` and the prompt's text: a prompt's samples do
+    not depend on the order, batch or shard it runs in."""
+    return int.from_bytes(hashlib.sha256(f"{seed}\x00{text}".encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
 @runtime_checkable
 class Backend(Protocol):
     """What the evaluation loop (``cbr2.evaluation.runner``) asks of a program generator.
 
-    A backend is any object with these three methods (structural typing: the backends share
-    helpers, not a base class). ``make_backend`` builds the configured one; tests pass fakes.
-    Building one loads nothing: weights load on the first ``generate``.
+    A backend is any object with these three methods and a ``capabilities`` class attribute
+    (structural typing: the backends share helpers, not a base class). ``make_backend`` builds
+    the configured one; tests pass fakes. Building one loads nothing: weights load on the first
+    ``generate``.
     """
+
+    capabilities: frozenset[str]
+    """The ``FEATURES`` it honours, declared on the class (read before anything is built)."""
 
     def identity(self) -> dict[str, Any]:
         """What, beside the prompt, decides the output: the predictions-cache key (JSON-serialisable,
@@ -150,6 +175,13 @@ def decoding_identity(cfg: LLMConfig, grammar: Any = None, **fields: Any) -> dic
     if grammar is not None:
         ident.update(grammar.identity(), max_new_tokens=token_cap(cfg, grammar))
     return ident
+
+
+def request_grammar(grammar: Any, prompt: Prompt) -> str:
+    """The EBNF one request decodes under, for engines that take a grammar per request (vLLM's
+    structured outputs): the grammar's own, or with ``prompt.grounding`` its grounded form
+    (``ProgramGrammar.grounded_ebnf``)."""
+    return grammar.grounded_ebnf(dict(prompt.grounding)) if prompt.grounding else grammar.ebnf
 
 
 def apply_chat_template(tokenizer: Any, prompt: Prompt) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from cbr2.common.errors import UserError
 from cbr2.kopl.program import Program
 from cbr2.kopl.text import to_text
-from cbr2.llm.base import Completion, Prompt
+from cbr2.llm.base import FEATURES, Completion, Prompt
 
 
 class GoldBackend:
@@ -29,6 +29,10 @@ class GoldBackend:
 
     name = "gold"
     uses_chat = False
+    capabilities = frozenset(FEATURES)
+    """Every decoding setting is accepted and none changes what it writes: the gold program is the
+    reference those settings aim at (it parses, type-checks and executes), and the writer is a check
+    of the pipeline after generation, which must run with any generation section."""
 
     def __init__(self, fmt: str, programs: Mapping[str, Program | None]):
         missing = [qid for qid, program in programs.items() if program is None]
@@ -46,9 +50,10 @@ class GoldBackend:
         """The predictions cache key beside the prompt."""
         return {"backend": self.name, "format": self.fmt}
 
-    def generate(self, prompts: Sequence[Prompt],
-                 on_result: Callable[[int, Completion], None] | None = None) -> list[Completion]:
-        """One gold program text per prompt, looked up by the prompt's question id."""
+    def generate(self, prompts: Sequence[Prompt], on_result: Callable[[int, Completion], None] | None = None,
+                 accept: Callable[[int, str], bool] | None = None, candidates: int = 1) -> list[Completion]:
+        """One gold program text per prompt, looked up by the prompt's question id (``accept`` and
+        ``candidates`` change nothing: there is one gold program)."""
         out = []
         for i, prompt in enumerate(prompts):
             out.append(Completion(to_text(self.programs[prompt.qid], self.fmt)))

@@ -67,6 +67,9 @@ class HFBackend:
     """
 
     name = "hf"
+    capabilities = frozenset({"constrained"})
+    """The grammar masks each token, draft tokens included; no per-question grounded layer or
+    execution-guided choice (``llamacpp`` and ``vllm`` have them)."""
 
     def __init__(self, cfg: LLMConfig, reuse_prefix: bool = True, batched: bool | None = None, lookup: int = 10,
                  grammar: Any = None):

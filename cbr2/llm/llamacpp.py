@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from cbr2.common.console import did_you_mean
 from cbr2.common.errors import ConfigError
-from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, stop_strings, token_cap
+from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, prompt_seed, stop_strings, token_cap
 from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, gguf_fingerprint, gguf_path
 
 if TYPE_CHECKING:
@@ -134,6 +134,9 @@ class LlamaCppBackend:
     """
 
     name = "llamacpp"
+    capabilities = frozenset({"constrained", "grounded", "candidates"})
+    """The grammar and the grounded layer mask the logits token by token (``_GrammarMask``);
+    alternatives branch off the greedy run at its closest calls (``_choose``)."""
 
     def __init__(self, cfg: LLMConfig, grammar: Any = None):
         self.cfg = cfg
@@ -325,8 +328,9 @@ class LlamaCppBackend:
             tried += 1
             tokens += 1 + out.get("usage", {}).get("completion_tokens", 0)
             if accept(index, text):
-                return Completion(text, greedy.prompt_tokens, tokens, candidates={"tried": tried, "kept": tried - 1})
-        return Completion(greedy.text, greedy.prompt_tokens, tokens, candidates={"tried": tried, "kept": 0})
+                return Completion(text, greedy.prompt_tokens, tokens,
+                                  decoding={"candidates": {"tried": tried, "kept": tried - 1}})
+        return Completion(greedy.text, greedy.prompt_tokens, tokens, decoding={"candidates": {"tried": tried, "kept": 0}})
 
     def generate(self, prompts: Sequence[Prompt], on_result: Callable[[int, Completion], None] | None = None,
                  accept: Callable[[int, str], bool] | None = None, candidates: int = 1) -> list[Completion]:
@@ -366,7 +370,7 @@ class LlamaCppBackend:
                 if on_result is not None:
                     on_result(i, completion)
                 continue
-            seed = int.from_bytes(hashlib.sha256(f"{self.seed}\x00{text}".encode()).digest()[:4], "little") & 0x7FFFFFFF
+            seed = prompt_seed(self.seed, text)
             llama_cpp.llama_perf_context_reset(llm.ctx)
             self._keep_prefix(self._prefix_ids(prompt, text, ids))
             choosing = candidates > 1 and accept is not None
@@ -382,7 +386,8 @@ class LlamaCppBackend:
             completion = Completion(cut_at_stop(out["choices"][0]["text"], self.stop), len(ids),
                                     usage.get("completion_tokens"))
             if choosing and processor is not None:
-                completion = (replace(completion, candidates={"tried": 1, "kept": 0}) if accept(i, completion.text)
+                completion = (replace(completion, decoding={"candidates": {"tried": 1, "kept": 0}})
+                              if accept(i, completion.text)
                               else self._choose(i, prompt, ids, seed, processor[0], completion, accept, candidates))
             results.append(completion)
             if on_result is not None:

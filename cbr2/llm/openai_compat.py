@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from cbr2.common.errors import ConfigError
-from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, stop_strings, token_cap
+from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, request_grammar, stop_strings, token_cap
 
 if TYPE_CHECKING:
     from cbr2.config_schema import LLMConfig
@@ -104,6 +104,9 @@ class OpenAIBackend:
     """
 
     name = "openai"
+    capabilities = frozenset({"constrained", "grounded"})
+    """The grammar goes with each request (``structured_outputs``), a grounded prompt's own
+    (``ProgramGrammar.grounded_ebnf``) for grounded decoding; one completion per request."""
 
     def __init__(self, cfg: LLMConfig, grammar: Any = None):
         self.cfg = cfg
@@ -179,7 +182,8 @@ class OpenAIBackend:
             kwargs["stop"] = self.stop
         extra: dict[str, Any] = {}
         if self.grammar is not None:
-            extra["structured_outputs"] = {"grammar": self.grammar.ebnf}  # vLLM's structured outputs
+            # vLLM's structured outputs; a grounded prompt's own grammar holds its candidates.
+            extra["structured_outputs"] = {"grammar": request_grammar(self.grammar, prompt)}
         if not self.uses_chat:
             kwargs["prompt"] = prompt.text
         else:

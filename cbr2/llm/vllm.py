@@ -16,6 +16,14 @@ core computing.
 ``llm.model`` is a hub id, a local folder, or a packaged short name (``cbr2.llm.packaged``),
 whose GGUF is converted once into an fp32 transformers folder (vLLM has no GGUF loader).
 
+The method's decoding goes through vLLM's structured outputs, one grammar per request: the run's
+grammar (``generation.constrained``), or for a prompt that carries candidates its grounded form
+(``generation.grounded``: ``ProgramGrammar.grounded_ebnf``, the meaning of the ``llamacpp``
+backend's token-level layer). Execution-guided choice (``generation.candidates``): a prompt whose
+greedy program ``accept`` refuses gets one more request, for ``candidates - 1`` programs sampled
+under the same grammar (seeded by the prompt), added while the others decode; the first that
+``accept`` takes is kept.
+
 ``vllm`` (and ``torch``/``transformers``) are imported only when needed: ``identity`` needs
 nothing, ``render`` needs only the model's tokenizer (chat mode), and the engine, which loads
 the weights, is built on the first ``generate``. The helpers ``engine_kwargs``,
@@ -29,6 +37,7 @@ import itertools
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from cbr2.llm.base import (
@@ -37,6 +46,8 @@ from cbr2.llm.base import (
     apply_chat_template,
     cut_at_stop,
     decoding_identity,
+    prompt_seed,
+    request_grammar,
     stop_strings,
     token_cap,
 )
@@ -194,7 +205,12 @@ def cpu_engine_kwargs(cfg: LLMConfig, model: str, hf_config: Any) -> dict[str, A
     }
 
 
-def sampling_kwargs(cfg: LLMConfig, grammar: Any = None) -> dict[str, Any]:
+CANDIDATE_TEMPERATURE = 0.7
+"""Sampling temperature of execution-guided choice's alternatives when the run is greedy
+(``llm.temperature`` 0); a sampled run's alternatives keep its own temperature."""
+
+
+def sampling_kwargs(cfg: LLMConfig, grammar: Any = None, ebnf: str | None = None) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams(...)`` for the llm config section.
 
     Temperature 0 is greedy decoding: ``top_p`` is then 1 and no per-request seed is set (it
@@ -205,6 +221,8 @@ def sampling_kwargs(cfg: LLMConfig, grammar: Any = None) -> dict[str, Any]:
         grammar: A ``ProgramGrammar`` to decode under (``generation.constrained``): vLLM's
             structured outputs (xgrammar) mask every step, and ``max_tokens`` becomes the
             grammar's longest text in bytes, so no program is cut mid-line.
+        ebnf: The grammar text of this request when it is not ``grammar.ebnf`` (a grounded
+            prompt's ``request_grammar``; its language is a subset, so the cap holds).
 
     Returns:
         ``temperature``, ``top_p``, ``max_tokens``, ``stop`` and ``seed``; with a grammar also
@@ -220,8 +238,47 @@ def sampling_kwargs(cfg: LLMConfig, grammar: Any = None) -> dict[str, Any]:
         "seed": None if greedy else int(cfg.seed),
     }
     if grammar is not None:
-        kwargs["structured_outputs"] = {"grammar": grammar.ebnf}
+        kwargs["structured_outputs"] = {"grammar": ebnf if ebnf is not None else grammar.ebnf}
     return kwargs
+
+
+def candidate_kwargs(cfg: LLMConfig, grammar: Any, ebnf: str | None, n: int, text: str) -> dict[str, Any]:
+    """Keyword arguments of the ``SamplingParams`` of execution-guided choice's one extra request:
+    ``n`` programs sampled under the prompt's grammar, seeded by the rendered prompt ``text``
+    (``prompt_seed``), so a prompt draws the same alternatives in any batch or shard.
+
+    A greedy run samples them at ``CANDIDATE_TEMPERATURE`` with a seed of the prompt alone: its
+    output stays a function of the prompt and the settings its predictions-cache key holds, which
+    leave ``llm.seed`` out. A sampled run's alternatives keep its temperature, ``top_p`` and seed.
+    """
+    kwargs = sampling_kwargs(cfg, grammar, ebnf)
+    if float(cfg.temperature) <= 0.0:
+        kwargs.update(temperature=CANDIDATE_TEMPERATURE, top_p=1.0, seed=prompt_seed(0, text))
+    else:
+        kwargs.update(seed=prompt_seed(int(cfg.seed), text))
+    kwargs["n"] = n
+    return kwargs
+
+
+def choose(greedy: Completion, samples: Sequence[Completion], accept: Callable[[str], bool]) -> Completion:
+    """The completion execution-guided choice keeps: the first sample (in vLLM's order) that
+    ``accept`` takes, else the greedy one, which it refused.
+
+    A sample equal to the greedy text or an earlier sample is not judged again (the same text gets
+    the same verdict). ``decoding["candidates"]`` counts every program decoded (``tried``: the greedy
+    one and all samples) and which was kept (0 the greedy one, ``k`` the ``k``-th sample);
+    ``completion_tokens`` adds up all of them.
+    """
+    tokens = (greedy.completion_tokens or 0) + sum(s.completion_tokens or 0 for s in samples)
+    tried = 1 + len(samples)
+    seen = {greedy.text}
+    for k, sample in enumerate(samples, 1):
+        if sample.text in seen:
+            continue
+        seen.add(sample.text)
+        if accept(sample.text):
+            return Completion(sample.text, greedy.prompt_tokens, tokens, decoding={"candidates": {"tried": tried, "kept": k}})
+    return Completion(greedy.text, greedy.prompt_tokens, tokens, decoding={"candidates": {"tried": tried, "kept": 0}})
 
 
 def parse_outputs(outputs: Sequence[Any], stop: Iterable[str] = ()) -> list[Completion]:
@@ -236,14 +293,20 @@ def parse_outputs(outputs: Sequence[Any], stop: Iterable[str] = ()) -> list[Comp
     Returns:
         One ``Completion`` per output.
     """
+    return [parse_samples(out, stop)[0] for out in outputs]
+
+
+def parse_samples(output: Any, stop: Iterable[str] = ()) -> list[Completion]:
+    """One ``Completion`` per sequence of a vLLM ``RequestOutput`` (``SamplingParams.n`` of them),
+    in the order of their ``index``."""
     stop = list(stop)
+    prompt_ids = getattr(output, "prompt_token_ids", None)
+    sequences = sorted(enumerate(output.outputs), key=lambda pair: getattr(pair[1], "index", pair[0]))
     completions = []
-    for out in outputs:
-        first = out.outputs[0]
-        prompt_ids = getattr(out, "prompt_token_ids", None)
-        token_ids = getattr(first, "token_ids", None)
+    for _, seq in sequences:
+        token_ids = getattr(seq, "token_ids", None)
         completions.append(Completion(
-            text=cut_at_stop(first.text, stop),
+            text=cut_at_stop(seq.text, stop),
             prompt_tokens=len(prompt_ids) if prompt_ids is not None else None,
             completion_tokens=len(token_ids) if token_ids is not None else None,
         ))
@@ -275,40 +338,49 @@ TOO_LONG = "longer than the maximum model length"
 """What vLLM's request validation says of a prompt that does not fit ``max_model_len``."""
 
 
-def run_requests(llm: Any, texts: Sequence[str], params: Any, on_done: Callable[[int, Any], None],
+def run_requests(llm: Any, requests: Sequence[tuple[str, Any]],
+                 on_done: Callable[[int, Any], tuple[str, Any] | None],
                  on_refused: Callable[[int, str], None]) -> None:
-    """Generates every text on ``llm``'s engine, calling ``on_done(index, RequestOutput)`` as
-    each request finishes (``LLM.generate`` returns only when all have).
+    """Generates every request on ``llm``'s engine, calling ``on_done(index, RequestOutput)`` as
+    each one finishes (``LLM.generate`` returns only when all have).
 
     Args:
         llm: A ``vllm.LLM``.
-        texts: The rendered prompts.
-        params: One ``SamplingParams`` for all of them.
-        on_done: Called once per accepted text, in finishing order.
+        requests: ``(rendered prompt, SamplingParams)`` each (requests may share one params object).
+        on_done: Called once per accepted request, in finishing order. It may return one more
+            ``(text, params)`` for the same index (execution-guided choice's alternatives), added
+            at once while the others decode; its output comes to ``on_done`` too.
         on_refused: Called as ``on_refused(index, reason)`` for a text whose prompt does not fit
             the engine's context: vLLM refuses it when it is added, and the other prompts of the
             run go on (the runner records it as ``PROMPT_TOO_LONG``). Any other refusal is raised.
     """
     from vllm.sampling_params import RequestOutputKind
 
-    params.output_kind = RequestOutputKind.FINAL_ONLY  # no partial outputs to detokenize each step
     engine = llm.llm_engine
     batch = next(_REQUESTS)
+    ids = itertools.count()
     index = {}
-    for i, text in enumerate(texts):
-        rid = f"cbr2-{batch}-{i}"
+
+    def add(i: int, text: str, params: Any) -> None:
+        params.output_kind = RequestOutputKind.FINAL_ONLY  # no partial outputs to detokenize each step
+        rid = f"cbr2-{batch}-{next(ids)}"
+        engine.add_request(rid, text, params)
+        index[rid] = i
+
+    for i, (text, params) in enumerate(requests):
         try:
-            engine.add_request(rid, text, params)
+            add(i, text, params)
         except Exception as e:  # vLLM's VLLMValidationError (not a ValueError in 0.32), refused at once
             if TOO_LONG not in str(e):
                 raise
             on_refused(i, f"vLLM: {e}")
-            continue
-        index[rid] = i
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
-                on_done(index[out.request_id], out)
+                i = index.pop(out.request_id)
+                more = on_done(i, out)
+                if more is not None:
+                    add(i, *more)
 
 
 class VLLMBackend:
@@ -320,6 +392,9 @@ class VLLMBackend:
     """
 
     name = "vllm"
+    capabilities = frozenset({"constrained", "grounded", "candidates"})
+    """A grammar per request through structured outputs (a grounded prompt's own), and
+    execution-guided choice from one more request of ``n`` samples (module docstring)."""
 
     def __init__(self, cfg: LLMConfig, grammar: Any = None):
         self.cfg = cfg
@@ -381,14 +456,18 @@ class VLLMBackend:
             self._llm = vllm.LLM(**kwargs)
         return self._llm
 
-    def generate(self, prompts: Sequence[Prompt],
-                 on_result: Callable[[int, Completion], None] | None = None) -> list[Completion]:
+    def generate(self, prompts: Sequence[Prompt], on_result: Callable[[int, Completion], None] | None = None,
+                 accept: Callable[[int, str], bool] | None = None, candidates: int = 1) -> list[Completion]:
         """One completion per prompt, in input order; all prompts are scheduled together.
 
         Args:
             prompts: The prompts of the run.
             on_result: Called as ``on_result(index, completion)`` as each prompt's request
                 finishes (in finishing order).
+            accept: ``accept(index, text)``: whether a program text is good enough to keep
+                (execution-guided choice, ``generation.candidates``; it must not read the gold side).
+            candidates: Programs decoded at most per prompt when ``accept`` refuses the first:
+                one more request samples ``candidates - 1`` under the prompt's grammar (``choose``).
 
         Returns:
             The completions, each cut at the first stop string.
@@ -401,20 +480,45 @@ class VLLMBackend:
         texts = [self.render(p) for p in prompts]
         llm = self.engine()
         vllm = _import_vllm()
-        kwargs = sampling_kwargs(self.cfg, self.grammar)
-        if "structured_outputs" in kwargs:
-            from vllm.sampling_params import StructuredOutputsParams
+        grammars = [request_grammar(self.grammar, p) if self.grammar is not None else None for p in prompts]
+        shared: dict[str | None, Any] = {}  # one SamplingParams per grammar text: ungrounded prompts share one
 
-            kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+        def params(kwargs: dict[str, Any]) -> Any:
+            if "structured_outputs" in kwargs:
+                from vllm.sampling_params import StructuredOutputsParams
+
+                kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+            return vllm.SamplingParams(**kwargs)
+
+        def first(ebnf: str | None) -> Any:
+            if ebnf not in shared:
+                shared[ebnf] = params(sampling_kwargs(self.cfg, self.grammar, ebnf))
+            return shared[ebnf]
+
         completions: list[Completion | None] = [None] * len(texts)
+        greedy: dict[int, Completion] = {}
+        choosing = accept is not None and candidates > 1
 
         def deliver(i: int, completion: Completion) -> None:
             completions[i] = completion
             if on_result is not None:
                 on_result(i, completion)
 
-        run_requests(llm, texts, vllm.SamplingParams(**kwargs),
-                     on_done=lambda i, out: deliver(i, parse_outputs([out], self.stop)[0]),
+        def done(i: int, out: Any) -> tuple[str, Any] | None:
+            if i in greedy:  # the alternatives of a refused program
+                deliver(i, choose(greedy.pop(i), parse_samples(out, self.stop), lambda text: accept(i, text)))
+                return None
+            completion = parse_outputs([out], self.stop)[0]
+            if not choosing:
+                deliver(i, completion)
+            elif accept(i, completion.text):
+                deliver(i, replace(completion, decoding={"candidates": {"tried": 1, "kept": 0}}))
+            else:
+                greedy[i] = completion
+                return texts[i], params(candidate_kwargs(self.cfg, self.grammar, grammars[i], candidates - 1, texts[i]))
+            return None
+
+        run_requests(llm, [(text, first(ebnf)) for text, ebnf in zip(texts, grammars, strict=True)], on_done=done,
                      on_refused=lambda i, reason: deliver(i, Completion("", overflow=reason)))
         missing = [i for i, c in enumerate(completions) if c is None]
         if missing:
