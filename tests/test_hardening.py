@@ -186,6 +186,7 @@ class _Echo:
 
     calls: list[str] = []  # noqa: RUF012 - reset by the fixture
     text = staticmethod(lambda q: "r1: Find[X] → QueryName[]")
+    capabilities = frozenset()  # it takes no grammar: the runs here decode unconstrained
 
     def __init__(self, cfg):
         pass
