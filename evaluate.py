@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from cbr2.common.console import setup_logging
+from cbr2.common.devices import check_devices
 from cbr2.common.errors import UserError
 from cbr2.config import ABLATIONS, Config, add_config_arguments, config_from_args
 from cbr2.evaluation.run_report import summary_line
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         cfg = config_from_args(args, Config)
+        # A GPU asked for and absent fails here, in one line, before the data is read.
+        check_devices(cfg, llm=args.show_prompt is None and not args.retrieval_only)
         if args.show_prompt is not None:
             sys.stdout.write(show_prompt(cfg, args.show_prompt))
             return 0

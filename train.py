@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from cbr2.common.console import setup_logging
+from cbr2.common.devices import check_devices
 from cbr2.common.errors import UserError
 from cbr2.config import TrainConfig, add_config_arguments, config_from_args
 from cbr2.structural.train import MONITOR, train
@@ -24,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         cfg = config_from_args(args, TrainConfig)
+        check_devices(cfg)  # a GPU asked for and absent fails here, in one line, before the data is read
         result = train(cfg)
     except UserError as err:  # the user's to fix: one line; anything else is a bug and shows its traceback
         print(f"error: {err}", file=sys.stderr)

@@ -67,12 +67,17 @@ def build_index(embeddings: np.ndarray, kind: str = "flat") -> faiss.Index:
 
 
 def to_device(index: faiss.Index, device: str) -> faiss.Index:
-    """Move an index to all visible GPUs when ``device`` is not ``cpu`` and faiss-gpu can.
+    """Move an index to all visible GPUs when ``device`` is not ``cpu`` and FAISS's GPU build sees them.
 
     The on-disk cache always holds the CPU form (``faiss.write_index`` cannot write GPU
     indexes), so this runs after loading or building.
     """
-    if device == "cpu" or not gpu_available() or isinstance(index, faiss.IndexHNSWFlat):
+    if device == "cpu" or isinstance(index, faiss.IndexHNSWFlat):
+        return index
+    if not gpu_available():
+        # An explicit GPU device without FAISS GPUs stops the run at start (cbr2.common.devices);
+        # here the device came from ``auto``, and the start-up log says which FAISS build this is.
+        log.debug("a %d-vector index stays on the CPU: this FAISS has no GPU", index.ntotal)
         return index
     log.info("moving a %d-vector index to %d GPU(s)", index.ntotal, faiss.get_num_gpus())
     return faiss.index_cpu_to_all_gpus(index)
