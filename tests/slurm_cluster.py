@@ -50,17 +50,26 @@ def _tail(path: Path, lines: int = 2) -> str:
     return " | ".join(text[-lines:]) or "(empty log)"
 
 
-def _node_line() -> str:
-    """This machine's node line from ``slurmd -C``, with RealMemory lowered ~5%.
+#: What the test node declares, whatever the machine has (``SlurmdParameters=config_overrides``):
+#: two tasks of the job scripts' defaults (8 CPUs, 64 GB, one GPU each, an A100 task) at once, so
+#: the scripts are submitted as users submit them. The GPUs are generic resources whose device
+#: files are /dev/null and /dev/zero: Slurm schedules them and sets CUDA_VISIBLE_DEVICES; no job
+#: here uses CUDA.
+NODE_CPUS = 16
+NODE_MEMORY_MB = 2 * 64 * 1024
+FAKE_GPUS = ("/dev/null", "/dev/zero")
 
-    A node claiming more memory than slurmd detects at registration is set INVAL, and the
-    detected value varies a little between runs, so leave a margin.
-    """
+
+def _node_line() -> str:
+    """This machine's node line from ``slurmd -C``, declaring ``NODE_CPUS``, ``NODE_MEMORY_MB`` and
+    the ``FAKE_GPUS`` (the jobs run on the machine's own cores; only scheduling sees the node's size)."""
     out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=30, check=True).stdout
     line = next((x for x in out.splitlines() if x.startswith("NodeName=")), None)
     if line is None:
         raise SlurmUnavailable(f"`slurmd -C` printed no node line: {out.strip()!r}")
-    line = re.sub(r"RealMemory=(\d+)", lambda m: f"RealMemory={int(int(m.group(1)) * 0.95)}", line)
+    line = re.sub(r"CPUs=\d+ .*?ThreadsPerCore=\d+", f"CPUs={NODE_CPUS} Boards=1 SocketsPerBoard=1 "
+                  f"CoresPerSocket={NODE_CPUS} ThreadsPerCore=1", line)
+    line = re.sub(r"RealMemory=\d+", f"RealMemory={NODE_MEMORY_MB} Gres=gpu:{len(FAKE_GPUS)}", line)
     # Clients and slurmctld reach slurmd on loopback whatever the host name resolves to.
     return f"{line} NodeAddr=127.0.0.1 State=UNKNOWN"
 
@@ -203,6 +212,7 @@ def _write_conf(cluster_dir: Path, munge_socket: Path) -> Path:
     state.mkdir(exist_ok=True)
     spool.mkdir(exist_ok=True)
     conf = cluster_dir / "slurm.conf"
+    (cluster_dir / "gres.conf").write_text("".join(f"Name=gpu File={f}\n" for f in FAKE_GPUS))
     node = _node_line()
     node_name = node.split()[0].removeprefix("NodeName=")
     conf.write_text(f"""\
@@ -224,6 +234,9 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
+# The node's declared size (NODE_CPUS, NODE_MEMORY_MB, FAKE_GPUS), not what slurmd detects.
+SlurmdParameters=config_overrides
+GresTypes=gpu
 MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +12,7 @@ from cbr2.cluster.grid import expand_grid, expand_vary, split_values
 from cbr2.cluster.sweep import Sweep, main
 from cbr2.config import ConfigError
 
+REPO = Path(__file__).resolve().parents[1]
 BASE = ["llm.backend=gold", "generation.constrained=false", "eval.per_category=null", "eval.limit=6", "wandb.mode=disabled",
         "structural.checkpoint=sentence-transformers/all-MiniLM-L6-v2"]
 
@@ -60,6 +63,37 @@ def test_dry_run_writes_the_sweep_and_prints_one_array(tmp_path, capsys):
     cfg = sweep.config(run, shard)
     assert (cfg.eval.num_shards, cfg.eval.shard, cfg.llm.seed, cfg.wandb.group) == (2, 1, 1, "s")
     assert cfg.output_dir == str(tmp_path / "s" / "runs" / "full__llm.seed=1")
+
+
+def test_resources_are_sbatch_options_of_the_tasks_and_the_finalize_job(tmp_path, capsys):
+    code = main(["submit", "--dry-run", "--dir", str(tmp_path), "--name", "a100", "--ablations", "full,chain",
+                 "--partition", "a100", "--account", "kbqa", "--gpus", "2", "--cpus", "16", "--mem", "128G",
+                 "--time", "08:00:00", "--sbatch", "--gpus=1", *BASE])
+    assert code == 0
+    array, final = (shlex.split(line) for line in capsys.readouterr().out.strip().splitlines())
+    asked = ["--gpus=2", "--cpus-per-task=16", "--mem=128G", "--time=08:00:00", "--partition=a100", "--account=kbqa"]
+    assert all(flag in array for flag in asked)
+    # --sbatch comes after the resources, so sbatch takes its value (the last of an option wins).
+    assert array.index("--gpus=1") > array.index("--gpus=2")
+    # The finalize job merges files: no GPU, on the same partition and account.
+    assert {"--gpus=0", "--partition=a100", "--account=kbqa"} <= set(final) and "--gpus=2" not in final
+
+
+def test_unset_resources_leave_the_scripts_defaults(tmp_path, capsys):
+    assert main(["submit", "--dry-run", "--dir", str(tmp_path), "--name", "d", *BASE]) == 0
+    array, final = (shlex.split(line) for line in capsys.readouterr().out.strip().splitlines())
+    assert not [a for a in array if a.startswith(("--gpus", "--mem", "--cpus", "--time", "--partition", "--account"))]
+    assert "--gpus=0" in final
+
+
+def test_the_job_scripts_default_to_one_a100_task_and_requeue_at_the_time_limit():
+    for name, gpus in (("evaluate", "--gpus=1"), ("sweep", "--gpus=1"), ("train", "--gpus-per-node=1")):
+        script = (REPO / "slurm" / f"{name}.sbatch").read_text()
+        lines = [line.split()[1] for line in script.splitlines() if line.startswith("#SBATCH")]
+        assert {gpus, "--cpus-per-task=8", "--mem=64G", "--time=04:00:00", "--requeue"} <= set(lines), name
+        assert '"${CBR2_PYTHON:-.venv-gpu/bin/python}"' in script, name
+        # Evaluation requeues itself on the signal to its batch shell; training's steps get it (Lightning).
+        assert ("--signal=SIGUSR1@120" if name == "train" else "--signal=B:USR1@120") in lines, name
 
 
 def test_a_bad_key_fails_before_anything_is_submitted(tmp_path, capsys):

@@ -1,7 +1,7 @@
 """Sweeps: one SLURM job array over a grid of evaluations, then one job that joins them.
 
-    python -m cbr2.cluster.sweep submit --ablations all --grid llm.seed=0,1 --sbatch "--gpus=1 --time=04:00:00" \\
-        --config configs/paper.yaml data.name=kqapro data.root=/data/KQAPro
+    python -m cbr2.cluster.sweep submit --ablations all --grid llm.seed=0,1 --partition a100 --account ACCT \\
+        --gpus 1 --cpus 8 --mem 64G --time 04:00:00 --config configs/paper.yaml data.name=kqapro data.root=/data/KQAPro
     python -m cbr2.cluster.sweep submit --ablations all --shards 4 ...     # each run split over 4 tasks
     python -m cbr2.cluster.sweep submit --ablations all --local            # no SLURM: the tasks one after another here
     python -m cbr2.cluster.sweep status outputs/sweeps/NAME
@@ -11,7 +11,9 @@ config (a misspelt key fails here, not in 16 queued jobs), writes ``SWEEP/sweep.
 submits ``slurm/sweep.sbatch`` twice: a job array with one task per run and shard, and a
 ``finalize`` job that starts when the array has ended (``afterany``). Task ``t`` evaluates run
 ``t // shards``, shard ``t % shards``, into ``SWEEP/runs/{run}/``, with ``wandb.group`` set to
-the sweep's name. ``finalize`` merges sharded runs (``python -m cbr2.cluster.merge``), writes the
+the sweep's name. Each task asks for ``--gpus``, ``--cpus``, ``--mem``, ``--time``, ``--partition``
+and ``--account`` (unset: ``slurm/sweep.sbatch``'s defaults, one A100 task: 1 GPU, 8 CPUs, 64 GB,
+4 h); the finalize job asks for no GPU. ``finalize`` merges sharded runs (``python -m cbr2.cluster.merge``), writes the
 Table 5 layout of the finished runs to ``SWEEP/report/`` (``python -m cbr2.evaluation.compare``) and
 ``SWEEP/summary.json`` (task states, seconds, the sweep's wall time). A task that was killed
 resumes from its predictions when run again: ``python -m cbr2.cluster.sweep task SWEEP T`` or
@@ -132,6 +134,7 @@ def run_task(sweep: Sweep, t: int) -> dict[str, Any]:
     Raises:
         Exception: Whatever the evaluation raised (after recording the task as failed).
     """
+    from cbr2.common.devices import check_devices
     from cbr2.evaluation.runner import run_evaluation
 
     run, shard = sweep.task(t)
@@ -143,7 +146,9 @@ def run_task(sweep: Sweep, t: int) -> dict[str, Any]:
     path.write_text(json.dumps(status, indent=2) + "\n", encoding="utf-8")
     log.info("sweep %s task %d: run %s, shard %d of %d", sweep.name, t, run.name, shard, sweep.shards)
     try:
-        metrics = run_evaluation(sweep.config(run, shard), ablation=run.ablation)
+        cfg = sweep.config(run, shard)
+        check_devices(cfg)
+        metrics = run_evaluation(cfg, ablation=run.ablation)
     except BaseException as err:
         status.update(state="failed", error=f"{type(err).__name__}: {err}")
         raise
@@ -245,19 +250,50 @@ def _sbatch(args: list[str], env: dict[str, str]) -> str:
     return job
 
 
+FINALIZE_RESOURCES = ["--gpus=0", "--cpus-per-task=2", "--mem=16G", "--time=01:00:00"]
+"""The finalize job merges and tabulates files: no GPU (the script's default asks for one)."""
+
+
+@dataclass
+class Resources:
+    """What each task of a sweep asks Slurm for; None leaves ``slurm/sweep.sbatch``'s default."""
+
+    gpus: int | None = None
+    cpus: int | None = None
+    mem: str | None = None
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+
+    def task_args(self) -> list[str]:
+        """``sbatch`` options of the array's tasks."""
+        flags = {"gpus": self.gpus, "cpus-per-task": self.cpus, "mem": self.mem, "time": self.time}
+        return [f"--{k}={v}" for k, v in {**flags, **self._site()}.items() if v is not None]
+
+    def finalize_args(self) -> list[str]:
+        """``sbatch`` options of the finalize job: ``FINALIZE_RESOURCES`` on the tasks' partition and account."""
+        return [*FINALIZE_RESOURCES, *(f"--{k}={v}" for k, v in self._site().items() if v is not None)]
+
+    def _site(self) -> dict[str, str | None]:
+        return {"partition": self.partition, "account": self.account}
+
+
 def submit(sweep: Sweep, sbatch: list[str], finalize_sbatch: list[str], parallel: int | None,
-           dry_run: bool = False, wait: bool = False) -> list[list[str]]:
+           dry_run: bool = False, wait: bool = False, resources: Resources | None = None) -> list[list[str]]:
     """Submit the job array and the finalize job; returns the two ``sbatch`` argument lists.
 
-    The tasks use this interpreter (``$CBR2_PYTHON``) and start in this working directory.
+    The tasks use this interpreter (``$CBR2_PYTHON``) and start in this working directory. The
+    options in ``sbatch`` and ``finalize_sbatch`` come after those of ``resources``, so they win.
     """
+    resources = resources or Resources()
     logs = Path(sweep.dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     array = f"0-{sweep.tasks - 1}" + (f"%{parallel}" if parallel else "")
     task_args = [f"--array={array}", f"--job-name=cbr2-sweep-{sweep.name}", f"--output={logs}/task-%a.out",
-                 *sbatch, str(SBATCH_SCRIPT), "task", sweep.dir]
+                 *resources.task_args(), *sbatch, str(SBATCH_SCRIPT), "task", sweep.dir]
     final_args = [f"--job-name=cbr2-sweep-{sweep.name}-finalize", f"--output={logs}/finalize.out",
-                  *finalize_sbatch, *(["--wait"] if wait else []), str(SBATCH_SCRIPT), "finalize", sweep.dir]
+                  *resources.finalize_args(), *finalize_sbatch, *(["--wait"] if wait else []), str(SBATCH_SCRIPT),
+                  "finalize", sweep.dir]
     if dry_run:
         return [task_args, ["--dependency=afterany:ARRAY_JOB", *final_args]]
     env = {**os.environ, "CBR2_PYTHON": sys.executable}
@@ -321,13 +357,37 @@ def _submit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", action="append", default=[], metavar="FILE", help="YAML merged over configs/evaluate.yaml")
     p.add_argument("--name", help="the sweep's name (folder and W&B group); default sweep-DATE-TIME")
     p.add_argument("--dir", default="outputs/sweeps", help="where sweep folders go (default: %(default)s)")
-    p.add_argument("--sbatch", default="", metavar="ARGS", help='sbatch options of the tasks, e.g. "--gpus=1 -p gpu"')
+    res = p.add_argument_group("resources of each task (unset: slurm/sweep.sbatch's defaults, one A100 task: "
+                               "1 GPU, 8 CPUs, 64 GB, 4 h; the finalize job gets no GPU)")
+    res.add_argument("--gpus", type=int, metavar="N", help="GPUs per task (sbatch --gpus; 0: none)")
+    res.add_argument("--cpus", type=int, metavar="N", help="CPUs per task (sbatch --cpus-per-task)")
+    res.add_argument("--mem", metavar="SIZE", help="memory per task, e.g. 64G (sbatch --mem)")
+    res.add_argument("--time", metavar="LIMIT", help="time limit per task, e.g. 04:00:00 (sbatch --time); a task "
+                                                     "requeues itself 2 minutes before it and resumes")
+    res.add_argument("--partition", metavar="NAME", help="partition of the tasks and the finalize job (sbatch -p)")
+    res.add_argument("--account", metavar="NAME", help="account charged (sbatch -A)")
+    p.add_argument("--sbatch", default="", metavar="ARGS",
+                   help='more sbatch options of the tasks, after the resources above (they win), e.g. "--qos=high"')
     p.add_argument("--finalize-sbatch", default="", metavar="ARGS", help="sbatch options of the finalize job")
     p.add_argument("--parallel", type=int, metavar="P", help="run at most P tasks at once (--array=...%%P)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="write sweep.json and print the sbatch commands only")
     mode.add_argument("--local", action="store_true", help="no SLURM: run every task here, one after another")
     p.add_argument("--wait", action="store_true", help="return when the finalize job has finished")
+
+
+def _joined_sbatch(argv: list[str]) -> list[str]:
+    """``--sbatch "--gpus=1 -p gpu"`` as ``--sbatch=--gpus=1 -p gpu``: argparse would take a value that
+    starts with one of submit's own options (``--gpus``, ``--time``...) for that option."""
+    out: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        if arg in ("--sbatch", "--finalize-sbatch"):
+            value = next(it, None)
+            out.append(arg if value is None else f"{arg}={value}")
+        else:
+            out.append(arg)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -347,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         # Options may come between overrides, which argparse only allows without subparsers.
         submit_parser = argparse.ArgumentParser(prog="python -m cbr2.cluster.sweep submit")
         _submit_arguments(submit_parser)
-        args = submit_parser.parse_intermixed_args(argv[1:])
+        args = submit_parser.parse_intermixed_args(_joined_sbatch(argv[1:]))
         args.command = "submit"
     else:
         args = parser.parse_args(argv)
@@ -365,8 +425,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"sweep {sweep.name}: {len(summary['finished_runs'])} of {len(sweep.runs)} runs in "
                       f"{summary['wall_s'] or 0:.0f} s -> {sweep.dir}")
                 return 0 if not summary["incomplete_runs"] else 1
+            resources = Resources(gpus=args.gpus, cpus=args.cpus, mem=args.mem, time=args.time,
+                                  partition=args.partition, account=args.account)
             commands = submit(sweep, shlex.split(args.sbatch), shlex.split(args.finalize_sbatch), args.parallel,
-                              dry_run=args.dry_run, wait=args.wait)
+                              dry_run=args.dry_run, wait=args.wait, resources=resources)
             if args.dry_run:
                 for cmd in commands:
                     print(shlex.join(["sbatch", *cmd]))
