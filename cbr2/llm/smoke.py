@@ -4,13 +4,24 @@
     python -m cbr2.llm.smoke --questions 3 data.name=kqapro data.root=/data/KQAPro
     make smoke-gpu                                        # the same, from the checkout
 
-Checks, in this order, each failing at once with one line that says what to do:
+Checks, in this order, each failing at once with one line that says what to do or run. First
+what needs no GPU (so a login node or a CPU machine gets this far):
 
-1. CUDA is visible to torch (a GPU allocated: ``--gpus`` / ``--gres``);
-2. vLLM imports and its version meets the project's ``vllm`` extra (pyproject.toml);
-3. the weights are here: the configuration's ``llm.model`` and ``retrieval.encoder`` (a folder,
+1. pytest is installed (the tier step runs it; ``--no-tier`` skips both);
+2. the data: ``data.name`` / ``data.root`` load as the run loads them (KB and questions);
+3. the structural retriever for that data: ``structural.checkpoint``, or the newest one trained
+   on ``data.name`` in ``structural.checkpoints_dir`` (the embedded benchmarks train one on demand);
+4. the weights are here: the configuration's ``llm.model`` and ``retrieval.encoder`` (a folder,
    or in the Hugging Face cache; with the hub reachable a missing model is only announced, it
    downloads on first use), and the packaged Qwen2.5-Coder-0.5B of the test tier.
+
+Then what needs the GPU node:
+
+5. CUDA is visible to torch (a GPU allocated: ``--gpus`` / ``--gres``);
+6. vLLM imports and its version meets the project's ``vllm`` extra (pyproject.toml);
+7. FAISS is the GPU build and sees the GPUs (unless ``retrieval.device=cpu``);
+8. free GPU memory holds the model's weights and one ``llm.max_model_len`` sequence of KV cache
+   at ``llm.gpu_memory_utilization`` (the check vLLM makes at start, minutes later).
 
 Then it runs the ``vllm`` test tier (``pytest -m vllm``: the real engine against the ``hf``
 backend, constrained decoding, a killed and resumed ``evaluate.py``, a tiny Qwen3) and
@@ -22,14 +33,22 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
+import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 TIER = "tests/test_vllm_*.py"
 """The test files of the ``vllm`` marker (as ``make test-vllm`` names them)."""
+GIB = 1024**3
+ACTIVATION_RESERVE = 2 * GIB
+"""What vLLM keeps beside weights and KV cache for activations, CUDA graphs and the sampler: about
+1-2 GiB for an 8B model in its profiling run; 2 GiB here (an estimate, not vLLM's own number)."""
 
 
 class SmokeError(RuntimeError):
@@ -43,7 +62,7 @@ def check_cuda() -> str:
     if not torch.cuda.is_available():
         raise SmokeError(f"no CUDA: torch {torch.__version__} sees no GPU (CUDA_VISIBLE_DEVICES="
                          f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}). Run on a GPU node with a GPU "
-                         "allocated (sbatch --gpus=1), with a CUDA build of torch")
+                         "allocated (sbatch --gpus=1), with the GPU environment (make install-gpu)")
     names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return f"{len(names)} GPU(s): {', '.join(names)}"
 
@@ -76,12 +95,16 @@ def check_weights(name: str, what: str) -> str:
     """Where the weights of ``name`` are; SmokeError when they are missing and cannot be fetched."""
     from cbr2.llm.hf_convert import looks_local
     from cbr2.llm.packaged import PACKAGED, chunk_paths
+    from cbr2.retrieval.encoders import PACKAGED as PACKAGED_ENCODERS
+    from cbr2.retrieval.encoders import resolve_model
 
     if name in PACKAGED:
         try:
             chunk_paths(PACKAGED[name])
         except OSError as err:
             raise SmokeError(f"{what} {name}: {err}") from err
+        return f"{what} {name}: packaged"
+    if name in PACKAGED_ENCODERS and Path(resolve_model(name)).is_dir():
         return f"{what} {name}: packaged"
     if looks_local(name):
         if not (Path(name).expanduser() / "config.json").is_file():
@@ -97,6 +120,179 @@ def check_weights(name: str, what: str) -> str:
     return f"{what} {name}: not cached yet, downloads on first use"
 
 
+def check_pytest() -> str:
+    """pytest's version; SmokeError when this interpreter lacks it (the tier step runs it)."""
+    if importlib.util.find_spec("pytest") is None:
+        raise SmokeError(f"pytest is not installed in {sys.executable}: make install-gpu (it installs the test "
+                         "extra), or pip install -e .[dev], or pass --no-tier")
+    return f"pytest {importlib.metadata.version('pytest')}"
+
+
+def check_data(cfg: Any) -> str:
+    """The benchmark of ``data.name`` / ``data.root`` loaded (KB and evaluated questions)."""
+    from cbr2.common.errors import UserError
+    from cbr2.data.benchmarks import Benchmark
+
+    where = f"data.name={cfg.data.name}" + (f" data.root={cfg.data.root}" if cfg.data.root else "")
+    try:
+        bench = Benchmark(cfg.data.name, cfg.data.root)
+        split = cfg.data.split or bench.family.eval_split
+        questions, kb = bench.questions(split), bench.kb
+    except (UserError, OSError) as err:
+        raise SmokeError(f"{where}: {err} (lay the folder out as docs/data.md says)") from err
+    return f"{where}: {len(questions)} {split} questions, a KB of {len(kb.entities)} entities"
+
+
+def check_structural(cfg: Any) -> str:
+    """Where the structural retriever of ``data.name`` is; SmokeError when there is none and none is trained on demand."""
+    from cbr2.structural.checkpoints import find_checkpoint
+
+    if cfg.retrieval.cases not in ("dual", "structural"):
+        return f"structural retriever: not used (retrieval.cases={cfg.retrieval.cases})"
+    if cfg.structural.checkpoint:
+        return check_weights(str(cfg.structural.checkpoint), "structural.checkpoint")
+    found = find_checkpoint(cfg.structural.checkpoints_dir, cfg.data.name)
+    if found is None and cfg.data.name.endswith("metaqa"):  # the paper reuses the KQA Pro retriever
+        found = find_checkpoint(cfg.structural.checkpoints_dir, cfg.data.name.replace("metaqa", "kqapro"))
+    if found is not None:
+        return f"structural retriever: {found}"
+    if cfg.data.name.startswith("mini-"):
+        return f"structural retriever: none for {cfg.data.name} yet; the first run trains one (about a minute)"
+    root = f" data.root={cfg.data.root}" if cfg.data.root else " data.root=DIR"
+    raise SmokeError(f"no structural retriever for {cfg.data.name} in {cfg.structural.checkpoints_dir}/: run "
+                     f"sbatch slurm/train.sbatch data.name={cfg.data.name}{root} (or python train.py ...), "
+                     "or set structural.checkpoint=PATH")
+
+
+def check_faiss_gpus(device: str) -> str:
+    """FAISS's build and GPUs; SmokeError when GPU retrieval is possible but FAISS cannot do it."""
+    from cbr2.common.devices import probe
+
+    dev = probe()
+    if device == "cpu":
+        return f"FAISS {dev.faiss_build} build (retrieval.device=cpu)"
+    if dev.faiss_gpus == 0:
+        why = "is the CPU build" if dev.faiss_build == "cpu" else "is the GPU build but sees no GPU"
+        raise SmokeError(f"FAISS {why}: indexes would stay on the CPU. Run make install-gpu (faiss-gpu-cu12 without "
+                         "faiss-cpu), or set retrieval.device=cpu to search on the CPU")
+    return f"FAISS GPU build, {dev.faiss_gpus} GPU(s)"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What one GPU must hold for vLLM to start: weights and one full-length sequence of KV cache."""
+
+    weights: int
+    kv_per_token: int
+    max_model_len: int
+    reserve: int = ACTIVATION_RESERVE
+
+    @property
+    def kv(self) -> int:
+        return self.kv_per_token * self.max_model_len
+
+    @property
+    def need(self) -> int:
+        return self.weights + self.kv + self.reserve
+
+
+def model_config(name: str) -> dict[str, Any] | None:
+    """The ``config.json`` of a hub model (cached) or folder, or None when it is not here."""
+    from cbr2.llm.hf_convert import looks_local
+
+    if looks_local(name):
+        path: Any = Path(name).expanduser() / "config.json"
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        path = try_to_load_from_cache(name, "config.json")
+    if not isinstance(path, (str, Path)) or not Path(path).is_file():
+        return None
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def parameters(config: dict[str, Any]) -> int:
+    """A decoder's parameter count from its config (embeddings, attention, gated MLP; norms left out).
+
+    Qwen3-8B: 8.19e9, as its model card says.
+    """
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads", heads)
+    head_dim = config.get("head_dim") or hidden // heads
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    mlp = 3 * hidden * config["intermediate_size"]
+    embeddings = config["vocab_size"] * hidden * (1 if config.get("tie_word_embeddings") else 2)
+    return layers * (attention + mlp) + embeddings
+
+
+def memory_plan(config: dict[str, Any], max_model_len: int | None, dtype: str = "auto",
+                tensor_parallel: int = 1) -> MemoryPlan:
+    """Per GPU: the weights, and the KV cache per token as the vLLM backend sizes it
+    (``cbr2.llm.vllm.kv_bytes_per_token``: K and V of every layer's KV heads), both split over
+    ``tensor_parallel`` GPUs.
+
+    Args:
+        config: The model's ``config.json``.
+        max_model_len: ``llm.max_model_len``; the model's ``max_position_embeddings`` when None.
+        dtype: ``llm.dtype``; ``auto`` is the model's bfloat16 on a GPU (2 bytes), ``float32`` 4.
+        tensor_parallel: GPUs the model is split across.
+    """
+    from types import SimpleNamespace
+
+    from cbr2.llm.vllm import kv_bytes_per_token
+
+    text = config.get("text_config") or config
+    width = 4 if dtype == "float32" else 2
+    length = max_model_len or text.get("max_position_embeddings") or 0
+    return MemoryPlan(weights=parameters(text) * width // tensor_parallel,
+                      kv_per_token=kv_bytes_per_token(SimpleNamespace(**text), dtype) // tensor_parallel,
+                      max_model_len=int(length))
+
+
+def fits(plan: MemoryPlan, free: int, total: int, utilization: float) -> str | None:
+    """None when vLLM can start with ``plan`` on a GPU with ``free`` of ``total`` bytes; else why not."""
+    budget = utilization * total
+    if budget > free:
+        return (f"vLLM takes llm.gpu_memory_utilization={utilization} of the GPU's {total / GIB:.1f} GiB, "
+                f"{budget / GIB:.1f} GiB, but only {free / GIB:.1f} GiB are free: another process holds the GPU, "
+                f"or lower llm.gpu_memory_utilization")
+    if plan.need > budget:
+        tokens = int((budget - plan.weights - plan.reserve) // plan.kv_per_token)
+        hint = f"llm.max_model_len={tokens} at most" if tokens > 0 else "a smaller llm.model or more GPUs"
+        return (f"weights {plan.weights / GIB:.1f} GiB + KV cache of one {plan.max_model_len}-token sequence "
+                f"{plan.kv / GIB:.1f} GiB + {plan.reserve / GIB:.0f} GiB reserve = {plan.need / GIB:.1f} GiB > "
+                f"{budget / GIB:.1f} GiB ({utilization} of {total / GIB:.1f} GiB): set {hint}, "
+                "or llm.tensor_parallel_size=2 on two GPUs")
+    return None
+
+
+def check_gpu_memory(cfg: Any) -> str:
+    """Free memory of each visible GPU against the model and ``llm.max_model_len``."""
+    import torch
+
+    from cbr2.cluster.slurm import visible_gpus
+    from cbr2.llm.vllm import MEMORY_SHARE, model_name, tensor_parallel_size
+
+    name = model_name(cfg.llm)
+    config = model_config(name)
+    if config is None:
+        return f"GPU memory: not checked, no config.json of {name} here yet (it downloads on first use)"
+    gpus = torch.cuda.device_count()
+    tp = cfg.llm.tensor_parallel_size or tensor_parallel_size(visible_gpus() or gpus)
+    plan = memory_plan(config, cfg.llm.max_model_len, str(cfg.llm.dtype), tp)
+    # Unset, the backend asks for vLLM's share or what is free then (the encoder may hold some): at
+    # the start of a run, before the encoder, that is vLLM's share.
+    utilization = cfg.llm.gpu_memory_utilization or MEMORY_SHARE
+    for i in range(min(tp, gpus)):
+        free, total = torch.cuda.mem_get_info(i)
+        why = fits(plan, free, total, utilization)
+        if why:
+            raise SmokeError(f"GPU {i}: {why}")
+    return (f"GPU memory: {name} needs {plan.need / GIB:.1f} GiB per GPU (weights {plan.weights / GIB:.1f}, "
+            f"KV of {plan.max_model_len} tokens {plan.kv / GIB:.1f}, reserve {plan.reserve / GIB:.0f}) on {tp} GPU(s)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROOT / "configs" / "paper.yaml"), help="the run's configuration")
@@ -108,12 +304,23 @@ def main(argv: list[str] | None = None) -> int:
     from cbr2.llm.packaged import DEFAULT_MODEL
 
     cfg = compose(files=[args.config], overrides=args.overrides)
+    checks = [
+        # What needs no GPU: a login node or a CPU machine gets this far.
+        *([] if args.no_tier else [check_pytest]),
+        lambda: check_data(cfg),
+        lambda: check_structural(cfg),
+        lambda: check_weights(str(cfg.llm.model), "llm.model"),
+        lambda: check_weights(str(cfg.retrieval.encoder), "retrieval.encoder"),
+        lambda: check_weights(DEFAULT_MODEL, "the test tier's model"),
+        # The GPU node's.
+        check_cuda,
+        lambda: check_vllm(vllm_requirement()),
+        lambda: check_faiss_gpus(str(cfg.retrieval.device)),
+        lambda: check_gpu_memory(cfg),
+    ]
     try:
-        for line in (check_cuda(), check_vllm(vllm_requirement()),
-                     check_weights(str(cfg.llm.model), "llm.model"),
-                     check_weights(str(cfg.retrieval.encoder), "retrieval.encoder"),
-                     check_weights(DEFAULT_MODEL, "the test tier's model")):
-            print(f"ok  {line}", flush=True)
+        for check in checks:
+            print(f"ok  {check()}", flush=True)
     except SmokeError as err:
         print(f"smoke: {err}", file=sys.stderr)
         return 2
