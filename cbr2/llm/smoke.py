@@ -72,7 +72,7 @@ def vllm_requirement() -> str:
     for req in importlib.metadata.requires("cbr2") or []:
         if req.startswith("vllm") and 'extra == "vllm"' in req:
             return req.split(";")[0].strip()
-    raise SmokeError("the installed cbr2 declares no vllm extra; reinstall the project: pip install -e .[vllm]")
+    raise SmokeError("the installed cbr2 declares no vllm extra; reinstall the project: make install-gpu")
 
 
 def check_vllm(requirement: str) -> str:
@@ -83,11 +83,11 @@ def check_vllm(requirement: str) -> str:
     try:
         import vllm
     except (ImportError, OSError) as err:
-        raise SmokeError(f"vLLM does not import ({err}); install it with pip install -e .[vllm]") from err
+        raise SmokeError(f"vLLM does not import ({err}); install it with make install-gpu (pip install -e .[gpu])") from err
     version = Version(vllm.__version__)
     if not Requirement(requirement).specifier.contains(version.base_version, prereleases=True):
         raise SmokeError(f"vLLM {vllm.__version__} does not meet the project's {requirement}; "
-                         f"pip install -e .[vllm] --upgrade")
+                         f"make install-gpu (pip install -e .[gpu] --upgrade)")
     return f"vLLM {vllm.__version__}"
 
 
