@@ -8,7 +8,8 @@ Checks, in this order, each failing at once with one line that says what to do o
 what needs no GPU (so a login node or a CPU machine gets this far):
 
 1. pytest is installed (the tier step runs it; ``--no-tier`` skips both);
-2. the data: ``data.name`` / ``data.root`` load as the run loads them (KB and questions);
+2. the data: ``data.root`` validated file by file (``python -m cbr2.data check``), and ``data.name``
+   loaded as the run loads it (KB and questions);
 3. the structural retriever for that data: ``structural.checkpoint``, or the newest one trained
    on ``data.name`` in ``structural.checkpoints_dir`` (the embedded benchmarks train one on demand);
 4. the weights are here: the configuration's ``llm.model`` and ``retrieval.encoder`` (a folder,
@@ -129,17 +130,24 @@ def check_pytest() -> str:
 
 
 def check_data(cfg: Any) -> str:
-    """The benchmark of ``data.name`` / ``data.root`` loaded (KB and evaluated questions)."""
+    """The data of ``data.name`` / ``data.root``: the folder validated file by file
+    (``python -m cbr2.data check``), then the benchmark loaded as the run loads it."""
     from cbr2.common.errors import UserError
     from cbr2.data.benchmarks import Benchmark
+    from cbr2.data.check import check_folder
 
     where = f"data.name={cfg.data.name}" + (f" data.root={cfg.data.root}" if cfg.data.root else "")
     try:
         bench = Benchmark(cfg.data.name, cfg.data.root)
+        if cfg.data.root:
+            report = check_folder(cfg.data.root, bench.family.name)
+            if not report.clean:
+                raise SmokeError(f"{where}: {len(report.problems)} problem(s), the first: {report.problems[0]}; "
+                                 f"python -m cbr2.data check {cfg.data.root} lists them all (docs/data.md)")
         split = cfg.data.split or bench.family.eval_split
         questions, kb = bench.questions(split), bench.kb
     except (UserError, OSError) as err:
-        raise SmokeError(f"{where}: {err} (lay the folder out as docs/data.md says)") from err
+        raise SmokeError(f"{where}: {err} (python -m cbr2.data check {cfg.data.root or 'DIR'}; docs/data.md)") from err
     return f"{where}: {len(questions)} {split} questions, a KB of {len(kb.entities)} entities"
 
 
