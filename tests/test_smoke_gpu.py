@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from cbr2.llm import smoke
@@ -91,8 +93,11 @@ def test_a_broken_data_folder_is_named_with_its_first_problem(tmp_path):
         (tmp_path / name).write_bytes((EMBEDDED_ROOT / "mini-kqapro" / name).read_bytes())
     cfg = compose(overrides=["data.name=kqapro", f"data.root={tmp_path}"])
     assert smoke.check_data(cfg).startswith(f"data.name=kqapro data.root={tmp_path}: ")
-    (tmp_path / "val.json").write_text('[{"question": "Who?"}]')
-    with pytest.raises(smoke.SmokeError, match=r"problem\(s\), the first: val.json: .*python -m cbr2.data check"):
+    val = json.loads((tmp_path / "val.json").read_text())
+    val[3]["program"][0]["function"] = "Fnd"
+    (tmp_path / "val.json").write_text(json.dumps(val))
+    with pytest.raises(smoke.SmokeError, match=r"1 problem\(s\), the first: val.json: \[3\].program\[0\]: unknown "
+                                               r"function 'Fnd'; python -m cbr2.data check"):
         smoke.check_data(cfg)
 
 
