@@ -150,7 +150,9 @@ def test_a_local_vary_sweep_writes_each_setting_against_its_base(tmp_path):
     sweep = Sweep.load(tmp_path / "v")
     assert [r.name for r in sweep.runs] == ["run", "run__prompt.format=chain", "run__eval.limit=4"]
     table = (tmp_path / "v" / "report" / "vary.md").read_text()
-    rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
+    # The first table is the settings against the base; the reasoning-type table follows it.
+    first = table[table.index("| setting"):].split("\n\n")[0]
+    rows = [line for line in first.splitlines() if line.startswith("| ")][1:]
     assert [r.split(" | ")[0] for r in rows] == ["| base", "| prompt.format=chain", "| eval.limit=4"]
     # The gold writer is right on every question: no difference, no flips; the paired interval
     # is over the 4 questions both runs share.
