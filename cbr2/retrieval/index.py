@@ -21,13 +21,13 @@ HNSW_NEIGHBOURS = 32
 HNSW_EF_SEARCH = 256
 """Candidates an HNSW search keeps. On the real MiniLM embeddings of a KQA Pro-shaped KB's fact
 triples, recall@10 against flat is 0.98 at 80,000 vectors and 0.92 at 326,000 (128: 0.96 and
-0.89), at under a millisecond per query on 2 cores (``benchmarks/scale.py``, ``docs/scale.md``)."""
+0.89), at under a millisecond per query on 2 cores (``benchmarks/scale.py``, ``docs/results/scale.md``)."""
 IVF_NPROBE = 16
 """Fewest inverted lists an IVF search visits."""
 IVF_PROBE_DIVISOR = 10
 """An IVF search visits at least a tenth of its sqrt(n) lists, so recall holds as n grows: 0.94 at
 80,000 and 0.95 at 326,000 real fact-triple embeddings, where a fixed 16 lists gave 0.92 and 0.88
-(``benchmarks/scale.py``, ``docs/scale.md``)."""
+(``benchmarks/scale.py``, ``docs/results/scale.md``)."""
 QUERY_CHUNK = 16
 """Queries per FAISS call (below FAISS's BLAS threshold, see ``search``)."""
 
