@@ -57,8 +57,6 @@ def test_relative_links_resolve(page):
             continue
         path, _, fragment = target.partition("#")
         dest = (page.parent / path).resolve() if path else page
-        if not dest.exists():
-            broken.append(target)
-        elif fragment and dest.suffix == ".md" and fragment not in _anchors(dest):
+        if not dest.exists() or (fragment and dest.suffix == ".md" and fragment not in _anchors(dest)):
             broken.append(target)
     assert not broken, f"{page.relative_to(ROOT)}: links that reach no file or heading: {broken}"

@@ -159,18 +159,17 @@ def test_benchmark_kb_takes_a_cache_dir(cache):
 
 # ----------------------------------------------------------------------------- keyed by content
 
-def test_entries_are_keyed_by_content(kb_file, cache, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="cbr2.kb.store")
+def test_entries_are_keyed_by_content(kb_file, cache, tmp_path):
     first = load_kb(kb_file, cache_dir=cache)
     assert isinstance(first, StoredKB)
     # The same bytes elsewhere: the same entry, not rebuilt.
     elsewhere = tmp_path / "elsewhere" / "kb.json"
     elsewhere.parent.mkdir()
     shutil.copyfile(kb_file, elsewhere)
-    caplog.clear()
+    written = {p: p.stat().st_mtime_ns for p in Path(first.store.entry).rglob("*")}
     same = load_kb(elsewhere, cache_dir=cache)
     assert same.store.entry == first.store.entry and same.source == str(elsewhere)
-    assert not [r for r in caplog.records if "building" in r.getMessage()]
+    assert {p: p.stat().st_mtime_ns for p in Path(first.store.entry).rglob("*")} == written  # not rebuilt
     # An edited file: a new entry beside the old one, with the edit.
     raw = json.loads(kb_file.read_text(encoding="utf-8"))
     eid = next(iter(raw["entities"]))

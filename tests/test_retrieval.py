@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
 import numpy as np
@@ -137,7 +138,7 @@ def test_a_corrupt_or_stale_entry_is_rebuilt_never_used(tmp_path, caplog, damage
     rebuilt, index = store.get("facts", texts, "enc", "w", _counting_embed(calls), kind)
     assert calls == [1200, 1200], "a damaged entry must be re-encoded"
     assert np.array_equal(rebuilt, good) and index.ntotal == 1200
-    assert "unusable" in caplog.text and "rebuilding" in caplog.text
+    assert any(r.levelno == logging.WARNING for r in caplog.records)  # said, not silent
     store.get("facts", texts, "enc", "w", _counting_embed(calls), kind)
     assert calls == [1200, 1200], "the rebuilt entry is reused"
 

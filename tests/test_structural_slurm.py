@@ -66,12 +66,10 @@ def _train_steps(metrics_csv: Path) -> list[int]:
 
 # ------------------------------------------------------------------------------ sizing
 
-def test_sizing_follows_the_allocation(monkeypatch, caplog):
+def test_sizing_follows_the_allocation(monkeypatch):
     _slurm_env(monkeypatch, **JOB)
-    caplog.set_level("INFO", logger="cbr2.structural.train")
     sized = slurm_sizing({"devices": "auto", "accelerator": "gpu", "max_epochs": 2})
     assert sized == {"devices": 4, "num_nodes": 2, "accelerator": "gpu", "max_epochs": 2}
-    assert "trainer.num_nodes=2, trainer.devices=4" in caplog.text
     assert slurm_sizing({"max_epochs": 2}) == {"devices": 4, "num_nodes": 2, "max_epochs": 2}  # Lightning's default
 
 
@@ -122,18 +120,17 @@ def test_resume_takes_the_newest_of_last_and_the_requeue_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_in_a_slurm_job_resumes_from_the_requeue_checkpoint(tiny_root, tmp_path, monkeypatch, caplog):
+def test_train_in_a_slurm_job_resumes_from_the_requeue_checkpoint(tiny_root, tmp_path, monkeypatch):
     """train() as the first task of a one-task srun step: sized by the job, resumed from hpc_ckpt_1.ckpt."""
     from cbr2.structural.train import train
 
     _slurm_env(monkeypatch, **{**JOB, "NTASKS": "1", "NTASKS_PER_NODE": "1", "JOB_NUM_NODES": "1", "NNODES": "1",
                                "NODELIST": "127.0.0.1"})
-    caplog.set_level("INFO", logger="cbr2.structural.train")
     files = [CONFIG_DIR / "train.yaml"]
     # 8 steps per epoch: both attempts stop before any validation in fitting, so the final
     # validate() runs with a requeue checkpoint in the run folder.
     first = train(load_config(_overrides(tiny_root, tmp_path, 64, 2), files, TrainConfig))
-    assert first["steps"] == 2 and "trainer.num_nodes=1, trainer.devices=1" in caplog.text
+    assert first["steps"] == 2
     run = tmp_path / "run"
     # What Lightning leaves on SLURM's signal: hpc_ckpt_N.ckpt in the run folder, newer than
     # last.ckpt, which is garbage here so that resuming from it fails loudly.
@@ -142,7 +139,6 @@ def test_train_in_a_slurm_job_resumes_from_the_requeue_checkpoint(tiny_root, tmp
 
     second = train(load_config(_overrides(tiny_root, tmp_path, 64, 4), files, TrainConfig))
     assert second["resumed_from"] == str(hpc) and second["steps"] == 4
-    assert f"resuming from the SLURM requeue checkpoint {hpc}" in caplog.text
     assert len(_train_steps(run / "logs" / "version_1" / "metrics.csv")) == 2  # steps 3 and 4 only
     # The export holds the weights fitting ended with (last.ckpt at step 4), not the requeue state.
     from safetensors.torch import load_file
