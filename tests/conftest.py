@@ -184,7 +184,7 @@ class FakeBackend:
         return prompt.text
 
     def generate(self, prompts: Sequence, on_result=None) -> list:
-        from cbr2.llm.base import Completion
+        from cbr2.common.records import Completion
 
         out = []
         for i, prompt in enumerate(prompts):

@@ -116,13 +116,12 @@ def test_no_import_cycles():
 
 
 def test_prediction_names_every_field_scoring_and_the_fallback_write():
+    from cbr2.common.records import Completion, FallbackInfo, Prediction
     from cbr2.data.benchmarks import Benchmark
-    from cbr2.evaluation.records import FallbackInfo, Prediction
     from cbr2.evaluation.scoring import score_generation
     from cbr2.generation.fallback import corrected, first_pass
     from cbr2.kopl.executor import Executor
     from cbr2.kopl.text import MAX_TEXT_CHARS, to_text
-    from cbr2.llm.base import Completion
 
     bench = Benchmark("mini-kqapro")
     question = bench.questions("val")[0]

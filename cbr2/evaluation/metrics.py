@@ -15,11 +15,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import date
 from typing import Any, cast
 
+from cbr2.common.records import PROMPT_TOO_LONG, Prediction
 from cbr2.data.questions import KQAPRO_REASONING_TYPES
 from cbr2.evaluation.errors import analyze
-from cbr2.evaluation.records import Prediction
 from cbr2.generation.fallback import FIRES_ON, single_pass_view
-from cbr2.llm.base import PROMPT_TOO_LONG
 
 ERROR_KINDS = ("syntax", "type", "execution", "empty", "wrong", PROMPT_TOO_LONG)
 """Why a prediction is wrong, in pipeline order; ``None`` means right."""

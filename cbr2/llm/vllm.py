@@ -40,9 +40,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from cbr2.common.records import Completion, Prompt
 from cbr2.llm.base import (
-    Completion,
-    Prompt,
     apply_chat_template,
     cut_at_stop,
     decoding_identity,
