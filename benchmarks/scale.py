@@ -247,8 +247,8 @@ def _linking_stages(stage, kb, folder: Path) -> None:
     """Linking (``cbr2.retrieval.linking``): build, then every question, scored against the gold Find
     arguments and literal values."""
     from cbr2.data.questions import load_kqapro_questions
-    from cbr2.evaluation.metrics import linking_metrics
     from cbr2.retrieval.linking import Linker
+    from cbr2.retrieval.metrics import linking_metrics
 
     questions = load_kqapro_questions(folder / "val.json", "val")
     with stage("linking build (n-gram table)") as row:
