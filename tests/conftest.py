@@ -96,7 +96,7 @@ def tiny_kb_dict() -> dict:
 
 @pytest.fixture(scope="session")
 def tiny_kb():
-    from cbr2.kb.loaders import kqapro_kb_from_dict
+    from cbr2.data.kb_loaders import kqapro_kb_from_dict
 
     return kqapro_kb_from_dict(copy.deepcopy(TINY_KB), "tiny")
 

@@ -1,9 +1,9 @@
-"""The layout of a KB store entry (``cbr2.kb.store``) and its writer.
+"""The layout of a KB store entry (``cbr2.data.kb_store``) and its writer.
 
 ``store.bin`` is ``MAGIC``, then pickle protocol 5 sections (``SECTIONS``): a header, the four
 engine indexes, the entity offsets as int64 and the entities one pickle each; ``meta.json``
 records the format, the source's hash and size, the sections' offsets, and the size and SHA-256
-of ``store.bin``. ``cbr2.kb.store`` finds, verifies and opens entries; this module writes them.
+of ``store.bin``. ``cbr2.data.kb_store`` finds, verifies and opens entries; this module writes them.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ retrieval cache (``cbr2.retrieval.cache``) it is written to a temporary folder a
 place (``cbr2.common.files.publish_folder``) under a build lock (``cbr2.common.locks``), so shards starting together build it once and never
 see half of it; on every load the metadata, sizes and checksum are verified, and an entry that
 does not check out, whatever is wrong with it, is removed with a warning and rebuilt (the layout
-and the writer: ``cbr2.kb.store_layout``). The
+and the writer: ``cbr2.data.kb_store_layout``). The
 pickles are read with an unpickler that resolves no global except ``datetime.date`` (the only
 one the store writes), so a planted entry cannot name a function for them to call. Entries of
 other files or formats are not deleted (as in the retrieval cache).
@@ -59,9 +59,9 @@ from typing import Any
 
 from cbr2.common.files import cache_root, file_sha256, gc_paused, remove_path
 from cbr2.common.locks import build_lock
-from cbr2.kb.loaders import load_kqapro_kb, load_metaqa_kb
+from cbr2.data.kb_loaders import load_kqapro_kb, load_metaqa_kb
 from cbr2.kb.model import KB, Vocabulary
-from cbr2.kb.store_layout import ENGINE_SECTIONS, FORMAT, HEADER_KEYS, MAGIC, SECTIONS, write_entry
+from cbr2.data.kb_store_layout import ENGINE_SECTIONS, FORMAT, HEADER_KEYS, MAGIC, SECTIONS, write_entry
 
 log = logging.getLogger(__name__)
 
