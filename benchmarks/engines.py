@@ -85,7 +85,7 @@ def _grammar(constrained: bool, fmt: str = "dag"):
 
 def worker(engine: str, prompts_file: str, out_file: str, model: str, max_new_tokens: int, constrained: bool) -> None:
     """Run ``engine`` on every prompt and write per-prompt timings and texts to ``out_file``."""
-    from cbr2.llm.base import Prompt
+    from cbr2.common.records import Prompt
 
     prompts = [Prompt(**p) for p in json.loads(Path(prompts_file).read_text())]
     cfg = _llm_cfg(model, max_new_tokens)

@@ -22,7 +22,7 @@ against the reference, at least 10x; warm peak RSS at most 0.7 GB; warm load at 
 per-program time no slower than the engines'), measured side by side in this one run. The
 mean includes the cyclic collector's passes over what each process holds (the parsed KB's
 millions of objects make them expensive; the store freezes its indexes, see
-``cbr2.kb.store.FREEZE_FACTS``); the median is the programs' own work.
+``cbr2.data.kb_store.FREEZE_FACTS``); the median is the programs' own work.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def worker(kind: str, workdir: Path, cache: Path, n: int) -> dict[str, Any]:
             row["answer"] = engine.forward([s.function for s in steps], [list(s.inputs) for s in steps], ignore_error=True)
         row["first_answer_s"] = time.perf_counter() - t0
     elif kind == "cold":
-        from cbr2.kb.store import StoredKB, load_kb
+        from cbr2.data.kb_store import StoredKB, load_kb
 
         start = time.perf_counter()
         kb = load_kb(kb_path)
@@ -128,11 +128,11 @@ def worker(kind: str, workdir: Path, cache: Path, n: int) -> dict[str, Any]:
         programs = _programs(workdir, n)
         start = time.perf_counter()
         if kind == "parsed":
-            from cbr2.kb.loaders import load_kqapro_kb
+            from cbr2.data.kb_loaders import load_kqapro_kb
 
             kb = load_kqapro_kb(kb_path)
         else:
-            from cbr2.kb.store import StoredKB, load_kb
+            from cbr2.data.kb_store import StoredKB, load_kb
 
             kb = load_kb(kb_path)
             assert isinstance(kb, StoredKB), "the store entry was not used"

@@ -15,7 +15,7 @@ column what the process still holds after it.
 Stages (``--stages``, comma-separated; default all, in this order):
 
 ``parse``          ``load_kqapro_kb`` of kb.json (JSON, schema validation, the KB model)
-``store``          the KB store (``cbr2.kb.store``, in a fresh cache): first load (builds the
+``store``          the KB store (``cbr2.data.kb_store``, in a fresh cache): first load (builds the
                    entry), later load, ``Executor`` init and triples on the stored KB
 ``facts``          fact triples; ``ontology`` ontology triples (and how many without the bound)
 ``executor``       ``Executor`` init with the ``cbr2`` engine and with ``kopl`` (a deep copy of the
@@ -120,7 +120,7 @@ def generate_worker(scale: float, seed: int, per_category: int, folder: Path) ->
     """Write the scale's kb.json, val.json and generate.json (stage rows)."""
     from cbr2.data.builders import synthetic_kqapro as syn
     from cbr2.data.builders.mini_kqapro_kb import kb_stats
-    from cbr2.kb.loaders import kqapro_kb_from_dict
+    from cbr2.data.kb_loaders import kqapro_kb_from_dict
 
     folder.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
@@ -163,7 +163,7 @@ def profile_worker(folder: Path, stages: list[str], sample: int, vectors: str, s
         return Stage(rows, name, out_file)
 
     kb_path = folder / "kb.json"
-    from cbr2.kb.loaders import load_kqapro_kb
+    from cbr2.data.kb_loaders import load_kqapro_kb
 
     with stage("KB parse (load_kqapro_kb)") as row:
         kb = load_kqapro_kb(kb_path)
@@ -205,26 +205,26 @@ def profile_worker(folder: Path, stages: list[str], sample: int, vectors: str, s
 
 
 def _store_stages(stage, kb_path: Path, stages: list[str], state: dict) -> None:
-    """The KB store (``cbr2.kb.store``) in a fresh cache: its first load builds the entry, later ones read it."""
+    """The KB store (``cbr2.data.kb_store``) in a fresh cache: its first load builds the entry, later ones read it."""
     try:
-        import cbr2.kb.store as store_module
+        import cbr2.data.kb_store as store_module
     except ImportError:
         with stage("kb store load") as row:
             row["seconds"] = None
-            row["note"] = "n/a: no cbr2.kb.store yet"
+            row["note"] = "n/a: no cbr2.data.kb_store yet"
         return
     loader = next((getattr(store_module, n) for n in ("load_store", "load_kb") if
                    callable(getattr(store_module, n, None))), None)
     if loader is None:
         with stage("kb store load") as row:
             row["seconds"] = None
-            row["note"] = "n/a: cbr2.kb.store has no load_store / load_kb"
+            row["note"] = "n/a: cbr2.data.kb_store has no load_store / load_kb"
         return
     cache = state["store_cache"] = tempfile.mkdtemp(prefix="cbr2-scale-kb-store-")
     kwargs = {"cache_dir": cache} if "cache_dir" in inspect.signature(loader).parameters else {}
     with stage("kb store build (first load)") as row:
         loader(kb_path, **kwargs)
-        row["note"] = f"cbr2.kb.store.{loader.__name__}, empty cache: parse and write the entry"
+        row["note"] = f"cbr2.data.kb_store.{loader.__name__}, empty cache: parse and write the entry"
     with stage("kb store load (later loads)") as row:
         stored = loader(kb_path, **kwargs)
         row["note"] = f"returns a {type(stored).__name__}"
@@ -247,8 +247,8 @@ def _linking_stages(stage, kb, folder: Path) -> None:
     """Linking (``cbr2.retrieval.linking``): build, then every question, scored against the gold Find
     arguments and literal values."""
     from cbr2.data.questions import load_kqapro_questions
-    from cbr2.evaluation.metrics import linking_metrics
     from cbr2.retrieval.linking import Linker
+    from cbr2.retrieval.metrics import linking_metrics
 
     questions = load_kqapro_questions(folder / "val.json", "val")
     with stage("linking build (n-gram table)") as row:

@@ -90,7 +90,7 @@ def tiny_kb_dict() -> dict:
 
 @pytest.fixture(scope="session")
 def tiny_kb():
-    from cbr2.kb.loaders import kqapro_kb_from_dict
+    from cbr2.data.kb_loaders import kqapro_kb_from_dict
 
     return kqapro_kb_from_dict(copy.deepcopy(TINY_KB), "tiny")
 
@@ -178,7 +178,7 @@ class FakeBackend:
         return prompt.text
 
     def generate(self, prompts: Sequence, on_result=None) -> list:
-        from cbr2.llm.base import Completion
+        from cbr2.common.records import Completion
 
         out = []
         for i, prompt in enumerate(prompts):

@@ -316,7 +316,7 @@ def test_a_setting_the_backend_cannot_decode_stops_the_run_before_retrieval(tmp_
 
 
 def test_what_the_backend_knows_of_its_decoding_is_recorded_as_it_gives_it(tmp_path, fake_backend):
-    from cbr2.llm.base import Completion
+    from cbr2.common.records import Completion
 
     fake_backend.reply = lambda prompt: Completion("r1: FindAll[] → Count[]", 5, 2,
                                                    decoding={"candidates": {"tried": 2, "kept": 1}, "engine": "x"})

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from cbr2.common.records import Completion, Prompt
 from cbr2.config import load_config
 from cbr2.data.benchmarks import Benchmark
 from cbr2.evaluation.run_folder import generation_key
@@ -17,7 +18,6 @@ from cbr2.generation.canonicalize import Canonicalizer
 from cbr2.generation.prompt import EMPTY_ANSWER, FALLBACK_VERSION
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.text import to_dag_text
-from cbr2.llm.base import Completion, Prompt
 
 BASE = ["llm.backend=fake", "generation.constrained=false", "eval.per_category=null", "eval.limit=24", "wandb.mode=disabled",
         "retrieval.cases=none", "retrieval.k_ontology=0", "retrieval.k_facts=0"]

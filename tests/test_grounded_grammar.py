@@ -10,10 +10,11 @@ import re
 
 import pytest
 
+from cbr2.common.records import Prompt
 from cbr2.data.benchmarks import Benchmark
 from cbr2.generation.grammar import ProgramGrammar
 from cbr2.generation.grounded import GROUNDED_KINDS
-from cbr2.llm.base import Prompt, request_grammar
+from cbr2.llm.base import request_grammar
 
 
 @pytest.fixture(scope="module")

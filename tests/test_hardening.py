@@ -198,7 +198,7 @@ class _Echo:
         return prompt.text
 
     def generate(self, prompts, on_result=None):
-        from cbr2.llm.base import Completion
+        from cbr2.common.records import Completion
 
         out = []
         for i, p in enumerate(prompts):

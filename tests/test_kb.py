@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import to_old_schema
 
-from cbr2.kb.loaders import KBFormatError, load_kqapro_kb, load_metaqa_kb
+from cbr2.data.kb_loaders import KBFormatError, load_kqapro_kb, load_metaqa_kb
 from cbr2.kb.model import format_value
 from cbr2.kb.triples import fact_triples, ontology_triples
 

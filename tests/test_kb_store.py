@@ -1,4 +1,4 @@
-"""The KB store (``cbr2.kb.store``): a stored KB answers as the parsed one, entries are keyed by
+"""The KB store (``cbr2.data.kb_store``): a stored KB answers as the parsed one, entries are keyed by
 content, damaged entries are rebuilt with a warning, concurrent builders build once, and tests
 never write into the user's cache."""
 
@@ -20,9 +20,9 @@ import pytest
 from cbr2.common.files import file_sha256
 from cbr2.data.benchmarks import EMBEDDED_ROOT, Benchmark
 from cbr2.data.schema import DataError
-from cbr2.kb import store as store_module
-from cbr2.kb.loaders import load_kqapro_kb, load_metaqa_kb
-from cbr2.kb.store import StoredEntities, StoredKB, load_kb
+from cbr2.data import kb_store as store_module
+from cbr2.data.kb_loaders import load_kqapro_kb, load_metaqa_kb
+from cbr2.data.kb_store import StoredEntities, StoredKB, load_kb
 from cbr2.kopl.checker import check_text
 from cbr2.kopl.engine import Engine
 from cbr2.kopl.executor import ExecutionError, Executor
@@ -50,7 +50,7 @@ def gold_programs(bench: Benchmark) -> list:
 
 
 def store_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "cbr2.kb.store" and r.levelno >= logging.WARNING]
+    return [r.getMessage() for r in caplog.records if r.name == "cbr2.data.kb_store" and r.levelno >= logging.WARNING]
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +262,7 @@ def test_a_damaged_entry_is_removed_and_rebuilt_with_a_warning(damage, kb_file, 
     entry = load_kb(kb_file, cache_dir=cache).store.entry
     DAMAGE[damage](entry)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="cbr2.kb.store"):
+    with caplog.at_level(logging.WARNING, logger="cbr2.data.kb_store"):
         kb = load_kb(kb_file, cache_dir=cache)
     warnings = store_warnings(caplog)
     assert len(warnings) == 1 and "unusable" in warnings[0] and str(entry) in warnings[0], warnings
@@ -273,7 +273,7 @@ def test_a_damaged_entry_is_removed_and_rebuilt_with_a_warning(damage, kb_file, 
     mine = Executor(kb, None)
     assert [outcome(mine, p) for p in programs] == expected
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="cbr2.kb.store"):
+    with caplog.at_level(logging.WARNING, logger="cbr2.data.kb_store"):
         assert isinstance(load_kb(kb_file, cache_dir=cache), StoredKB)  # the rebuilt entry is reused
     assert not store_warnings(caplog)
 
@@ -283,7 +283,7 @@ def test_a_damaged_entry_is_removed_and_rebuilt_with_a_warning(damage, kb_file, 
 def test_an_unusable_cache_folder_falls_back_to_parsing(kb_file, tmp_path, caplog):
     not_a_folder = tmp_path / "a-file"
     not_a_folder.write_text("")
-    with caplog.at_level(logging.WARNING, logger="cbr2.kb.store"):
+    with caplog.at_level(logging.WARNING, logger="cbr2.data.kb_store"):
         kb = load_kb(kb_file, cache_dir=not_a_folder)
     assert not isinstance(kb, StoredKB) and kb.entities == load_kqapro_kb(kb_file).entities
     assert store_warnings(caplog)
@@ -295,7 +295,7 @@ def test_a_kb_the_engine_cannot_index_is_not_stored(kb_file, cache, caplog):
     raw["entities"][eid]["attributes"].append({"key": "founded", "value": {"type": "date", "value": "1990-13-01"},
                                                "qualifiers": {}})
     kb_file.write_text(json.dumps(raw), encoding="utf-8")
-    with caplog.at_level(logging.WARNING, logger="cbr2.kb.store"):
+    with caplog.at_level(logging.WARNING, logger="cbr2.data.kb_store"):
         kb = load_kb(kb_file, cache_dir=cache)
     assert not isinstance(kb, StoredKB) and any("cannot index" in w for w in store_warnings(caplog))
     with pytest.raises(ValueError, match="'1990-13-01' is neither a date"):
@@ -331,7 +331,7 @@ def test_large_kbs_freeze_their_indexes_for_the_collector(kb_file, cache, monkey
 WORKER = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
-    import cbr2.kb.store as store
+    import cbr2.data.kb_store as store
 
     kb_file, cache, ready, go = sys.argv[1:5]
     built = []

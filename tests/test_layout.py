@@ -1,4 +1,5 @@
-"""The package's shape: modules of ``cbr2`` import each other without a cycle.
+"""The package's shape: modules of ``cbr2`` import each other without a cycle, and its packages are
+layers that import only the layers below them (``LAYERS``).
 
 A cycle hidden inside a function (``def f(): from cbr2.a import x``) still ties two modules
 together: neither can be read, tested or moved without the other, and which one finishes
@@ -14,6 +15,19 @@ from pathlib import Path
 import cbr2
 
 PACKAGE_DIR = Path(cbr2.__file__).parent
+
+LAYERS = ("common", "config", "kb", "kopl", "data", "retrieval", "structural", "generation", "llm", "evaluation",
+          "cluster")
+"""The packages of ``cbr2``, lowest first; a module imports only from its own package and those before it.
+
+``common`` is the core layer: errors, the records the stages pass on, files (cache root, folder
+publishing), locks, console, devices, the Slurm allocation, W&B mode. ``config`` reads and checks
+the configuration. ``kb`` is the KB model and its triples; ``kopl`` the programs and the engine
+over a KB; ``data`` reads the official files (KBs, through the KB store, and questions) and the
+benchmarks; then retrieval, the structural retriever (trained on data, encoded by retrieval),
+generation (prompt, grammar, canonicalisation, fallback), the LLM backends (which decode under
+generation's grammar), evaluation (the run), and the cluster (sweeps and shard merges of runs).
+"""
 
 
 def _module_name(path: Path) -> str:
@@ -96,6 +110,28 @@ def all_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
+def package_of(module: str) -> str:
+    """The layer of a module: its package under ``cbr2``, with the configuration's modules as one.
+
+    ``config.py``, ``config_schema.py``, ``_config_load.py`` and ``config_reference.py`` count as the
+    ``config`` package, before and after they move into ``cbr2/config/``.
+    """
+    part = module.split(".")[1] if "." in module else ""
+    return "config" if part.lstrip("_").startswith("config") else part
+
+
+def upward_imports(graph: dict[str, set[str]], layers: tuple[str, ...] = LAYERS) -> list[str]:
+    """Each import of a higher layer, as ``module → module (package → package)``, sorted."""
+    rank = {name: i for i, name in enumerate(layers)}
+    found = []
+    for module, targets in graph.items():
+        for target in targets:
+            low, high = package_of(module), package_of(target)
+            if low in rank and high in rank and rank[high] > rank[low]:
+                found.append(f"{module} → {target} ({low} → {high})")
+    return sorted(found)
+
+
 def test_find_cycle_reports_the_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
@@ -115,14 +151,29 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(" → ".join(c) for c in cycles)
 
 
+def test_upward_imports_are_named_module_by_module():
+    graph = {"cbr2.common.files": {"cbr2.kb.model"}, "cbr2.kb.model": {"cbr2.common.files"},
+             "cbr2.config_schema": {"cbr2._config_load"}, "cbr2._config_load": {"cbr2.common.errors"}}
+    assert upward_imports(graph, ("common", "config", "kb")) == ["cbr2.common.files → cbr2.kb.model (common → kb)"]
+    assert package_of("cbr2._config_load") == package_of("cbr2.config.schema") == "config"
+
+
+def test_packages_depend_downward_only():
+    graph = import_graph()
+    unplaced = sorted({package_of(m) for m in graph if m != "cbr2"} - set(LAYERS))
+    assert not unplaced, f"packages of cbr2 missing from LAYERS (place each in the order): {unplaced}"
+    upward = upward_imports(graph)
+    assert not upward, ("imports of a higher layer (LAYERS: " + " < ".join(LAYERS) + "); move the code to the "
+                        "layer that owns it or pass a value in:\n" + "\n".join(upward))
+
+
 def test_prediction_names_every_field_scoring_and_the_fallback_write():
+    from cbr2.common.records import Completion, FallbackInfo, Prediction
     from cbr2.data.benchmarks import Benchmark
-    from cbr2.evaluation.records import FallbackInfo, Prediction
     from cbr2.evaluation.scoring import score_generation
     from cbr2.generation.fallback import corrected, first_pass
     from cbr2.kopl.executor import Executor
     from cbr2.kopl.text import MAX_TEXT_CHARS, to_text
-    from cbr2.llm.base import Completion
 
     bench = Benchmark("mini-kqapro")
     question = bench.questions("val")[0]

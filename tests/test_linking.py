@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from cbr2.data.benchmarks import Benchmark
-from cbr2.evaluation.metrics import linking_metrics
 from cbr2.generation.grounded import GroundedMask, TokenTable, current_slot, grounded_arguments, slot_candidates
 from cbr2.kb.model import KB
 from cbr2.kopl.text import parse_text
 from cbr2.retrieval.linking import Linker, Links, question_spans
+from cbr2.retrieval.metrics import linking_metrics
 
 
 def _kb() -> KB:
@@ -174,7 +174,7 @@ def test_tokens_that_open_an_argument_are_grounded_too():
 
 
 def test_linking_counts_merge_across_shards():
-    from cbr2.evaluation.metrics import merge_retrieval
+    from cbr2.retrieval.metrics import merge_retrieval
 
     gold = [parse_text("r1: Find[Switzerland] → QueryName[]"), parse_text("r1: Find[Spain] → QueryName[]")]
     found = [{"entities": ["Switzerland"], "values": []}, {"entities": ["Spain", "Texas"], "values": []}]

@@ -14,10 +14,11 @@ import pytest
 from conftest import FakeBackend
 from omegaconf import OmegaConf
 
+from cbr2.common.records import Prompt
 from cbr2.config import load_config
 from cbr2.config_schema import LLMConfig
 from cbr2.llm import BACKENDS, backend_class, make_backend
-from cbr2.llm.base import FEATURES, Backend, Prompt, token_cap
+from cbr2.llm.base import FEATURES, Backend, token_cap
 
 LLM_DIR = Path(__file__).resolve().parents[1] / "cbr2" / "llm"
 
@@ -67,7 +68,7 @@ def test_make_backend_builds_the_configured_backend(fake_backend):
 
 
 def test_the_fake_backend_replies_and_records(fake_backend):
-    from cbr2.llm.base import Completion
+    from cbr2.common.records import Completion
 
     prompts = [Prompt("q1", "S", "U1"), Prompt("q2", "S", "U2")]
     seen = []

@@ -18,9 +18,9 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
+from cbr2.common.records import Completion, Prompt
 from cbr2.config_schema import LLMConfig
 from cbr2.llm import backend_class
-from cbr2.llm.base import Completion, Prompt
 from cbr2.llm.openai_compat import LLMRequestError, OpenAIBackend
 
 KEY_ENV = "CBR2_TEST_OPENAI_KEY"

@@ -78,7 +78,7 @@ def test_empty_knowledge_leaves_no_section_and_case_triples_none_shows_all(train
 
 
 def test_prompt_hash_and_program_text():
-    from cbr2.llm.base import Prompt
+    from cbr2.common.records import Prompt
 
     a, b = Prompt("1", "sys", "user"), Prompt("2", "sys", "user")
     assert prompt_hash(a) == prompt_hash(b) != prompt_hash(Prompt("1", "sys", "user "))
@@ -152,8 +152,8 @@ def test_paper_yaml_holds_the_papers_setting():
 
 
 def test_the_correction_prompt_extends_the_original_with_the_failure():
+    from cbr2.common.records import Prompt
     from cbr2.generation.prompt import correction_prompt
-    from cbr2.llm.base import Prompt
 
     original = Prompt("q1", "SYSTEM", f"Question: Where was Marie Curie born?\n{PROGRAM_SLOT}\n")
     fixed = correction_prompt(original, "r1: Find[Marie Curi] → QueryName[]", "execution error [unknown_entity]",
@@ -181,6 +181,6 @@ def test_linked_items_follow_each_question_and_the_candidates_key_the_hash(train
     assert f"{train[0].question}\nEntities in the question: Spain\nOntology:" in prompt.user
     assert prompt.grounding == grounding
     # The same text with other candidates is another cache entry.
-    from cbr2.llm.base import Prompt
+    from cbr2.common.records import Prompt
 
     assert prompt_hash(prompt) != prompt_hash(Prompt(prompt.qid, prompt.system, prompt.user))

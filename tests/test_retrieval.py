@@ -12,7 +12,6 @@ import pytest
 from cbr2.config import load_config
 from cbr2.data.benchmarks import EMBEDDED_ROOT, Benchmark
 from cbr2.data.questions import Question
-from cbr2.evaluation.metrics import knowledge_recall, retrieval_metrics, sketch_hit_at_k
 from cbr2.evaluation.runner import run_evaluation
 from cbr2.kb.triples import fact_triples, ontology_triples
 from cbr2.kopl.sketch import schema_items
@@ -21,6 +20,7 @@ from cbr2.retrieval.cache import EmbeddingStore
 from cbr2.retrieval.cases import CaseRetriever, Query
 from cbr2.retrieval.index import build_index, search
 from cbr2.retrieval.knowledge import KnowledgeRetriever
+from cbr2.retrieval.metrics import knowledge_recall, retrieval_metrics, sketch_hit_at_k
 
 BACKBONE = "structural.checkpoint=sentence-transformers/all-MiniLM-L6-v2"
 

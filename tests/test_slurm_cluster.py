@@ -25,8 +25,8 @@ def test_batch_job_writes_its_output(slurm_cluster: SlurmCluster, tmp_path: Path
 
 
 def test_array_tasks_see_their_shard(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    # cbr2.cluster.slurm.array_task() inside real array tasks: each must find its own (position, count).
-    code = "from cbr2.cluster.slurm import array_task; print(array_task())"
+    # cbr2.common.slurm.array_task() inside real array tasks: each must find its own (position, count).
+    code = "from cbr2.common.slurm import array_task; print(array_task())"
     job = slurm_cluster.sbatch(["--array=0-2", f"--output={tmp_path}/task-%a.out",
                                 "--wrap", f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"],
                                cwd=REPO)  # the job starts in the submit folder, where cbr2 imports

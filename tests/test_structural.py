@@ -406,7 +406,7 @@ def test_train_cli_rejects_unknown_key(tmp_path):
 
 
 def test_online_wandb_falls_back_to_offline_without_a_route(monkeypatch, caplog):
-    from cbr2.evaluation import tracking
+    from cbr2.common import tracking
 
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # discard port: nothing listens
     assert tracking.wandb_mode("online", timeout_s=0.5) == "offline"

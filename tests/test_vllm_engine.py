@@ -146,7 +146,7 @@ def test_a_tiny_qwen3_model_in_chat_mode(tmp_path, qwen):
     saved with the packaged model's tokenizer, generated eagerly in chat mode."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from cbr2.llm.base import Prompt
+    from cbr2.common.records import Prompt
     from cbr2.llm.vllm import VLLMBackend
 
     tok = qwen.tokenizer()

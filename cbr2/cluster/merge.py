@@ -27,12 +27,13 @@ from omegaconf import DictConfig, OmegaConf
 from cbr2.common.console import setup_logging
 from cbr2.common.errors import UserError
 from cbr2.common.files import write_atomic
+from cbr2.common.records import Prediction
 from cbr2.data.benchmarks import Benchmark
-from cbr2.evaluation.metrics import merge_retrieval
-from cbr2.evaluation.records import Prediction, load_records, record_line
+from cbr2.evaluation.records import load_records, record_line
 from cbr2.evaluation.run_folder import check_same_config, finish_run, load_predictions, write_config
 from cbr2.evaluation.run_report import summary_line
 from cbr2.evaluation.selection import check_shard, select_questions, selection_sha256
+from cbr2.retrieval.metrics import merge_retrieval
 
 log = logging.getLogger(__name__)
 

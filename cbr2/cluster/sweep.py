@@ -437,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "task":
             index = args.index
             if index is None:
-                from cbr2.cluster.slurm import array_task
+                from cbr2.common.slurm import array_task
 
                 position = array_task()
                 if position is None:

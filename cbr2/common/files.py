@@ -1,5 +1,6 @@
-"""Small file and memory helpers shared by the on-disk caches (embeddings, the KB store), the loaders and
-the run files."""
+"""Small file and memory helpers shared by the on-disk caches (embeddings, the KB store, converted and
+downloaded LLMs, grammars), the structural retriever's exports, the loaders and the run files: where
+the cache is, how a folder is published whole, how a file is written whole."""
 
 from __future__ import annotations
 
@@ -7,11 +8,21 @@ import gc
 import hashlib
 import os
 import shutil
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 _BLOCK = 1 << 24
+
+
+def cache_root(configured: str | None = None) -> Path:
+    """``retrieval.cache_dir``, else ``$CBR2_CACHE_DIR``, else ``~/.cache/cbr2``.
+
+    The one cache folder of the project: embeddings (``cbr2.retrieval.cache``), the KB store,
+    grammars, downloaded and converted LLMs each keep a subfolder of it.
+    """
+    return Path(configured or os.environ.get("CBR2_CACHE_DIR") or Path.home() / ".cache" / "cbr2").expanduser()
 
 
 def file_sha256(path: str | Path) -> str:
@@ -32,6 +43,58 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def publish_folder(dest: str | Path, build: Callable[[Path], None], replace: bool = False) -> bool:
+    """Build a folder beside ``dest``, then rename it to ``dest``: a reader finds no folder or a whole one.
+
+    ``build`` writes into a fresh, empty, hidden folder in ``dest``'s parent (``mkdtemp``: mode
+    0o700, which a build that is meant to be shared changes), so the final rename is atomic and
+    never copies. A build that raises leaves nothing behind; a process killed mid-build leaves
+    only a hidden folder, which no reader takes for ``dest``.
+
+    What is at ``dest`` when the build is done decides the rest, the same for every caller:
+
+    * nothing: the build is renamed to ``dest``.
+    * a folder, with ``replace`` (an incomplete or stale folder, an earlier export of the same
+      name): it is renamed aside (atomic; deleting in place is not) and deleted, and the build
+      takes its place.
+    * a folder, without ``replace``, or one that another process renamed there after the step
+      above: that concurrent winner is kept, as a complete folder of the same name, and this
+      build is deleted. Callers that build under a ``build_lock`` see this only where the lock
+      does not hold (a file system without ``flock``).
+
+    Args:
+        dest: The folder to publish (its parent is created when missing).
+        build: Writes the folder's content into the empty folder it is given.
+        replace: Put this build in the place of a folder already at ``dest``.
+
+    Returns:
+        True when this build is now ``dest``; False when a concurrent winner's folder is kept.
+
+    Raises:
+        OSError: When the rename fails and no folder is at ``dest`` (a read-only or full disk).
+            Whatever ``build`` raises is raised as well, after the temporary folder is removed.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name[:32]}.tmp-", dir=dest.parent))
+    try:
+        build(tmp)
+        if replace and (dest.exists() or dest.is_symlink()):
+            aside = Path(tempfile.mkdtemp(prefix=f".{dest.name[:32]}.old-", dir=dest.parent))
+            dest.rename(aside / dest.name)
+            shutil.rmtree(aside, ignore_errors=True)
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not dest.is_dir():
+                raise
+            return False
+        return True
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def remove_path(path: Path) -> None:

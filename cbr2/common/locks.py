@@ -2,8 +2,8 @@
 converted LLM, the embedded benchmark's structural retriever), and the one-writer lock of a run
 folder (``hold_folder``).
 
-Every entry is already written atomically (temporary folder, then rename), so a reader never
-sees half of one. The lock adds that N job-array tasks starting together on a cold cache build
+Every entry is already written atomically (temporary folder, then rename:
+``cbr2.common.files.publish_folder``), so a reader never sees half of one. The lock adds that N job-array tasks starting together on a cold cache build
 an entry once: the first task builds, the others wait and then load what it wrote. The lock is
 ``fcntl.flock`` on a file beside the entry (through ``filelock``), which Linux also honours on
 NFS; it is released when its process dies, so a killed build never blocks later jobs.

@@ -79,12 +79,12 @@ class Benchmark:
 
     @cached_property
     def kb(self) -> KB:
-        """The KB, read once per process through the KB store (``cbr2.kb.store``).
+        """The KB, read once per process through the KB store (``cbr2.data.kb_store``).
 
         The first process to read a KB file parses it and writes its store entry; later ones
         (shards, sweep tasks) load the entry instead, in well under a second at KQA Pro's size.
         """
-        from cbr2.kb.store import load_kb
+        from cbr2.data.kb_store import load_kb
 
         return load_kb(self.root / self.family.kb_file, self.family.name, self.cache_dir)
 

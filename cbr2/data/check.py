@@ -132,7 +132,7 @@ def _check_kqapro(root: Path, report: Report, problems: Problems) -> None:
         before = len(problems.found)
         validate_kqapro_kb(raw, str(kb_path), problems)
         if len(problems.found) == before:
-            from cbr2.kb.loaders import kqapro_kb_from_dict
+            from cbr2.data.kb_loaders import kqapro_kb_from_dict
 
             report.kb = kqapro_kb_from_dict(raw, str(kb_path)).stats()
     for split in KQAPRO_SPLITS:
@@ -179,7 +179,7 @@ def _check_metaqa(root: Path, report: Report, problems: Problems) -> None:
         before = len(problems.found)
         parse_metaqa_kb(text, str(kb_path), problems)
         if len(problems.found) == before:
-            from cbr2.kb.loaders import load_metaqa_kb
+            from cbr2.data.kb_loaders import load_metaqa_kb
 
             report.kb = load_metaqa_kb(kb_path).stats()
     for split in METAQA_SPLITS:

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from cbr2.evaluation.records import Prediction
+from cbr2.common.records import Prediction
 from cbr2.kopl.functions import FUNCTIONS, get_spec
 from cbr2.kopl.program import Program, ProgramError
 from cbr2.kopl.sketch import SCHEMA_KINDS, sketch, sketch_text

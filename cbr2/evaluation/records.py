@@ -14,86 +14,12 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO, TypedDict
+from typing import Any, TextIO
 
 from cbr2.common.errors import UserError
+from cbr2.common.records import Record
 
 log = logging.getLogger(__name__)
-
-Record = dict[str, Any]
-"""Any JSONL record: a JSON object with a string ``id`` (``retrieval.jsonl`` lines are these)."""
-
-Answer = str | list[str] | None
-"""One string (KQA Pro), a list of names (MetaQA), or None."""
-
-
-class _Judged(TypedDict):
-    """What ``scoring.score_generation`` writes for every prediction (see its docstring)."""
-
-    id: str
-    question: str
-    category: str | None
-    gold_answer: Answer
-    gold_program: str | None
-    generated: str
-    repairs: list[str]
-    syntax_error_before_repair: bool
-    syntax_error: bool
-    program: str | None
-    unknown_arguments: list[dict[str, Any]] | None
-    canonicalized: list[dict[str, Any]]
-    answer: Answer
-    values: list[Any] | None
-    correct: bool
-    error_kind: str | None
-    error: dict[str, Any] | None
-
-
-class FallbackInfo(TypedDict, total=False):
-    """A prediction's ``fallback`` block (``cbr2.generation.fallback`` describes the layout).
-
-    ``{"pending": True}`` for a first pass awaiting its correction, ``{"fired": False}`` when
-    none was needed, else ``fired`` with the other fields.
-    """
-
-    pending: bool
-    fired: bool
-    kept: str
-    generated: str
-    error_kind: str | None
-    latency_s: float | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    fixed: bool
-    prompt_hash: str
-    version: str
-
-
-class Prediction(_Judged, total=False):
-    """One line of ``predictions.jsonl``.
-
-    The required keys are ``score_generation``'s; the optional ones are added on the way:
-    ``generated_chars`` / ``generated_sha256`` for a clipped text, ``values_count`` for clipped
-    values (``scoring``); the cache keys ``prompt_hash`` and ``generation_key``, the token
-    counts and ``latency_s`` (the runner); ``grounded`` with grounded decoding (each grounded-kind
-    argument and whether the question's candidates held it, ``cbr2.generation.grounded``);
-    ``single_pass`` and ``fallback`` with ``generation.fallback`` on; ``reasoning_types`` (KQA Pro's, of the
-    gold program: ``data.questions.question_record``). Records of older runs may lack some keys; readers use ``.get``
-    for those.
-    """
-
-    generated_chars: int
-    generated_sha256: str
-    values_count: int
-    prompt_hash: str
-    generation_key: str
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    latency_s: float | None
-    grounded: list[dict[str, Any]]
-    reasoning_types: list[str]
-    single_pass: dict[str, Any]
-    fallback: FallbackInfo
 
 
 def utf8_json(value: Any, **options: Any) -> str:

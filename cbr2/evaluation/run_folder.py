@@ -26,12 +26,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from cbr2.common.errors import UserError
 from cbr2.common.files import write_atomic
+from cbr2.common.records import Prediction
 from cbr2.config import ablation_slug, git_hash, setting_of
 from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import Question
 from cbr2.evaluation.browser import write_browser
 from cbr2.evaluation.metrics import finish_metrics, judged
-from cbr2.evaluation.records import Prediction, load_records, record_line
+from cbr2.evaluation.records import load_records, record_line
 from cbr2.evaluation.run_report import write_report
 from cbr2.evaluation.selection import categories_of, selection_provenance, whole_split
 from cbr2.evaluation.tracking import log_evaluation

@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from cbr2.common.records import PROMPT_TOO_LONG
 from cbr2.data.questions import KQAPRO_ABBREVIATIONS
 from cbr2.evaluation.errors import CLASSES
 from cbr2.evaluation.metrics import ERROR_KINDS
-from cbr2.llm.base import PROMPT_TOO_LONG
 
 CLASS_LEGEND = ("Grounding: the program names a wrong or non-existent schema item, entity or value (an entity "
                 "or value the gold program lacks counts whatever the program's shape). Direction: the right "

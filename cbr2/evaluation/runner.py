@@ -22,11 +22,11 @@ from omegaconf import DictConfig, OmegaConf
 from cbr2.common.console import progress
 from cbr2.common.errors import UserError
 from cbr2.common.locks import hold_folder
+from cbr2.common.records import PROMPT_TOO_LONG, Completion, Prediction, Prompt
 from cbr2.config import canonical_ablation
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.questions import Question
-from cbr2.evaluation.metrics import linking_metrics, retrieval_metrics
-from cbr2.evaluation.records import Prediction, append_record, is_pending
+from cbr2.evaluation.records import append_record, is_pending
 from cbr2.evaluation.run_folder import (
     check_same_config,
     finish_run,
@@ -47,9 +47,9 @@ from cbr2.kopl.executor import Executor
 from cbr2.kopl.sketch import schema_items, sketch
 from cbr2.kopl.text import parse_text
 from cbr2.llm import check_capabilities, make_backend
-from cbr2.llm.base import PROMPT_TOO_LONG, Completion, Prompt
 from cbr2.retrieval.cases import VIEWS, Query
 from cbr2.retrieval.knowledge import Knowledge
+from cbr2.retrieval.metrics import linking_metrics, retrieval_metrics
 from cbr2.retrieval.retriever import CASE_MODES, Retrieved, Retriever, check_retrieval_config
 from cbr2.structural.on_demand import resolve_structural
 

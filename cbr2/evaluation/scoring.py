@@ -18,10 +18,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from cbr2.common.records import Prediction
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.questions import Question, question_record
 from cbr2.evaluation.metrics import is_correct
-from cbr2.evaluation.records import Prediction
 from cbr2.generation.prompt import program_text
 from cbr2.kopl.checker import check_text
 from cbr2.kopl.executor import ExecutionError, Executor
@@ -60,7 +60,7 @@ def score_completion(completion: str, question: Question, bench: Benchmark, exec
 
 
 def unanswered(question: Question, kind: str, message: str) -> Prediction:
-    """The record of a question the model was never asked (e.g. ``llm.base.PROMPT_TOO_LONG``).
+    """The record of a question the model was never asked (e.g. ``common.records.PROMPT_TOO_LONG``).
 
     Wrong for Hits@1 with its own ``error_kind``; not a syntax error, since no text was generated.
     """
@@ -96,7 +96,7 @@ def score_generation(text: str, question: Question, bench: Benchmark, executor: 
             (``generation.canonicalize``); its snaps are recorded as ``canonicalized``.
 
     Returns:
-        A ``predictions.jsonl`` record (``records.Prediction``): the question's gold side,
+        A ``predictions.jsonl`` record (``common.records.Prediction``): the question's gold side,
         ``generated``, ``program`` (DAG text of the parsed program or None), ``repairs``, ``answer``, ``values``,
         ``unknown_arguments`` (arguments naming no KB item of their slot, before any
         canonicalisation), ``canonicalized``, ``correct``, ``error_kind`` (None when right, else one of

@@ -17,8 +17,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from cbr2.cluster.slurm import array_task
 from cbr2.common.errors import ConfigError, UserError
+from cbr2.common.slurm import array_task
 from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES, Question
 

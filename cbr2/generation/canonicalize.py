@@ -272,7 +272,8 @@ def build_canonicalizer(cfg: DictConfig, bench: Benchmark, store: EmbeddingStore
     Raises:
         OSError: When the encoder cannot be loaded.
     """
-    from cbr2.retrieval.cache import EmbeddingStore, cache_root
+    from cbr2.common.files import cache_root
+    from cbr2.retrieval.cache import EmbeddingStore
     from cbr2.retrieval.encoders import encode, load_encoder, pick_device, weights_fingerprint
 
     rc = cfg.retrieval

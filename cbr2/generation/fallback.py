@@ -35,13 +35,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cbr2.evaluation.records import Prediction
+from cbr2.common.records import Completion, Prediction, Prompt
 from cbr2.generation.prompt import EMPTY_ANSWER, FALLBACK_VERSION, Suggestion, correction_prompt, program_text
 from cbr2.kb.model import Vocabulary
 from cbr2.kopl.functions import get_spec
 from cbr2.kopl.grounding import SLOT_KINDS, slot_items
 from cbr2.kopl.text import split_top
-from cbr2.llm.base import Completion, Prompt
 
 FIRES_ON = ("syntax", "type", "execution", "empty")
 """Error kinds that fire the correction round: the failures visible without the gold answer."""

@@ -474,8 +474,8 @@ def compiled_for(grammar: ProgramGrammar, tokenizer_info: Callable[[], Any], fin
     """
     import xgrammar as xgr
 
+    from cbr2.common.files import cache_root
     from cbr2.common.locks import build_lock
-    from cbr2.retrieval.cache import cache_root
 
     key = hashlib.sha256("\x00".join([grammar.sha256, fingerprint,
                                       str(xgr.get_serialization_version())]).encode()).hexdigest()[:24]

@@ -36,10 +36,10 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from cbr2.common.records import Prompt
 from cbr2.kb.triples import Triple
 from cbr2.kopl.functions import CLOSED_KINDS, FUNCTIONS, FunctionSpec
 from cbr2.kopl.text import FORMATS, to_text
-from cbr2.llm.base import Prompt
 
 if TYPE_CHECKING:  # annotations only: the retrieval modules load faiss, the prompt needs none of it
     from cbr2.retrieval.cases import Case, Query

@@ -87,7 +87,7 @@ class KB:
             object), as in the official file.
         source: Where it was read from, for messages.
 
-    ``cbr2.kb.store.StoredKB`` is a KB read from the KB store (what ``Benchmark.kb`` returns):
+    ``cbr2.data.kb_store.StoredKB`` is a KB read from the KB store (what ``Benchmark.kb`` returns):
     the same interface, with ``entities`` unpickled per access from the store entry.
     """
 

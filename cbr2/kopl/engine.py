@@ -7,7 +7,7 @@ closure), per-(key, node) attribute facts with parsed values and qualifiers, per
 direction, node) neighbours with qualifiers, forward facts by subject and by object, key → value
 type. Nodes are small integers in the reference engine's order (concepts, then entities), so an
 entity set is a ``frozenset`` of ints and set operations are C loops. A KB from the KB store
-(``cbr2.kb.store``) carries the indexes ``indexes()`` gave when its entry was built; the
+(``cbr2.data.kb_store``) carries the indexes ``indexes()`` gave when its entry was built; the
 engine takes those (``_adopt``) and reads none of the KB's entities.
 
 Each method named after a KoPL function takes what the reference method takes (step results,
@@ -130,14 +130,14 @@ class Engine:
     def __init__(self, kb: KB):
         # Building makes many small objects and no cycles (see gc_paused).
         with gc_paused():
-            stored = getattr(kb, "engine_indexes", None)  # a KB from the store (cbr2.kb.store)
+            stored = getattr(kb, "engine_indexes", None)  # a KB from the store (cbr2.data.kb_store)
             if stored is not None:
                 self._adopt(stored())
             else:
                 self._build(kb)
 
     def indexes(self) -> dict[str, Any]:
-        """What ``__init__`` builds, as the KB store (``cbr2.kb.store``) saves it.
+        """What ``__init__`` builds, as the KB store (``cbr2.data.kb_store``) saves it.
 
         ``ids`` lists the node ids in node order, ``nodes`` how many of them are the KB's (the
         objects of relations the KB lacks come after them), ``names`` the node names (None for

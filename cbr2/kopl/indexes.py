@@ -1,6 +1,6 @@
 """The indexes the project's KoPL engine (``cbr2.kopl.engine``) answers from, built once from a ``KB``.
 
-``build_indexes(kb)`` gives a dict of plain containers (what the KB store, ``cbr2.kb.store``, saves
+``build_indexes(kb)`` gives a dict of plain containers (what the KB store, ``cbr2.data.kb_store``, saves
 and maps back in): node ids in the reference engine's order (concepts, then entities) as small
 integers, concept → members (the reference engine's subclass closure), per-(key, node) attribute
 facts with parsed values and qualifiers, per-(relation, direction, node) neighbours with

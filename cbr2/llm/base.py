@@ -1,9 +1,9 @@
 """What every LLM backend receives and returns.
 
 A backend gets ``Prompt`` objects (built by ``cbr2.generation.prompt``) and returns one ``Completion``
-per prompt, in order. How a prompt becomes model input is the backend's business:
-``Prompt.text`` for a base model (plain completion), ``Prompt.messages`` with the model's
-chat template for an instruction model (``llm.chat``). ``render`` shows exactly that input
+per prompt, in order (both records are ``cbr2.common.records``'s). How a prompt becomes model
+input is the backend's business: ``Prompt.text`` for a base model (plain completion),
+``Prompt.messages`` with the model's chat template for an instruction model (``llm.chat``). ``render`` shows exactly that input
 without loading weights, for ``evaluate.py --show-prompt``. ``Backend`` is the protocol that
 every backend satisfies; its ``capabilities`` name the decoding features (``FEATURES``) it
 honours, so a run asks the backend, not its name, and one that asks for more stops at start.
@@ -15,72 +15,13 @@ field with no fallbacks of their own: every default is stated once, in the schem
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from cbr2.common.records import Completion, Prompt
 
 if TYPE_CHECKING:
     from cbr2.config_schema import LLMConfig
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One question's prompt, in two parts so backends can cache and template them.
-
-    Attributes:
-        qid: Question id (backends ignore it; the gold writer looks the program up by it).
-        system: Role instructions and the KoPL function definitions: identical for every
-            question of a run, so it is a shareable prefix (vLLM prefix caching, the ``hf``
-            backend's KV cache).
-        user: The cases with their knowledge, the target question with its knowledge, and
-            the closing ``Program:`` slot.
-        grounding: ``(argument kind, candidates)`` pairs of grounded decoding
-            (``cbr2.generation.grounded``, ``generation.grounded``): the values the question's
-            arguments may take; empty when off. Backends without it ignore it.
-    """
-
-    qid: str
-    system: str
-    user: str
-    grounding: tuple[tuple[str, tuple[str, ...]], ...] = ()
-
-    @property
-    def text(self) -> str:
-        """The plain-text prompt of a base model: system part, blank line, user part."""
-        return f"{self.system}\n\n{self.user}"
-
-    @property
-    def messages(self) -> list[dict[str, str]]:
-        """The chat form: one system and one user message."""
-        return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user}]
-
-
-@dataclass(frozen=True)
-class Completion:
-    """What a backend generated for one prompt.
-
-    Attributes:
-        text: The generated text, cut at the first stop string (the stop string excluded).
-        prompt_tokens: Tokens the model read, when the backend knows.
-        completion_tokens: Tokens it generated, when the backend knows.
-        overflow: Set (saying by how much) when the prompt did not fit the model's context, so
-            nothing was generated: the run records the question as a failure of its own kind
-            (``PROMPT_TOO_LONG``) and goes on.
-        decoding: What the backend knows about how it decoded ``text``, as prediction-record
-            fields the run writes as they are: ``candidates`` (``{"tried": n, "kept": i}``, the
-            programs decoded for the prompt and which of them ``text`` is, 0 the first) with
-            ``generation.candidates`` > 1.
-    """
-
-    text: str
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    overflow: str | None = None
-    decoding: Mapping[str, Any] = field(default_factory=dict)
-
-
-PROMPT_TOO_LONG = "prompt_too_long"
-"""``error_kind`` of a question whose prompt does not fit the model's context (``Completion.overflow``)."""
 
 
 FEATURES = {

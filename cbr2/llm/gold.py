@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from cbr2.common.errors import UserError
+from cbr2.common.records import Completion, Prompt
 from cbr2.kopl.program import Program
 from cbr2.kopl.text import to_text
-from cbr2.llm.base import FEATURES, Completion, Prompt
+from cbr2.llm.base import FEATURES
 
 
 class GoldBackend:

@@ -28,7 +28,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cbr2.llm.base import Completion, Prompt, apply_chat_template, decoding_identity, stop_strings, token_cap
+from cbr2.common.records import Completion, Prompt
+from cbr2.llm.base import apply_chat_template, decoding_identity, stop_strings, token_cap
 from cbr2.llm.hf_convert import converted_dir, is_converted, model_folder, model_source
 from cbr2.llm.hf_decode import Decoder, Row
 from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, gguf_fingerprint, gguf_path

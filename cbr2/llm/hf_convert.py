@@ -14,13 +14,11 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from cbr2.common.files import cache_root, publish_folder
 from cbr2.common.locks import build_lock
 from cbr2.llm.packaged import PACKAGED, gguf_fingerprint, gguf_path
 
@@ -79,8 +77,6 @@ def converted_dir(gguf: str | Path, root: str | Path | None = None) -> Path:
             ``~/.cache/cbr2``) when unset.
     """
     if root is None:
-        from cbr2.retrieval.cache import cache_root
-
         root = cache_root(None)
     gguf = Path(gguf)
     name = gguf.name.removesuffix(".gguf")
@@ -162,23 +158,14 @@ def ensure_converted(gguf: str | Path, dest: str | Path | None = None,
 def _convert_into(gguf: Path, dest: Path, fingerprint: str, convert: Callable[[Path, Path], None] | None) -> None:
     log.info("converting %s to a plain model folder %s (once; takes ~20-60 s)", gguf.name, dest)
     start = time.perf_counter()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         (convert or convert_gguf)(gguf, tmp)
         files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
         (tmp / MARKER).write_text(json.dumps({"format": CONVERSION_FORMAT, "gguf": fingerprint,
                                               "source": str(gguf), "files": files}, indent=1))
-        if dest.exists() and not is_converted(dest, fingerprint):
-            # An incomplete folder: move it aside first (rename is atomic, rmtree is not).
-            stale = dest.with_name(f".{dest.name}.stale-{os.getpid()}-{time.time_ns()}")
-            dest.rename(stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        try:
-            tmp.rename(dest)
-        except OSError:
-            if not is_converted(dest, fingerprint):  # not a concurrent conversion that finished first
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    # A folder at dest was found incomplete (no valid marker) before this build: it is replaced.
+    if not publish_folder(dest, write, replace=dest.exists()) and not is_converted(dest, fingerprint):
+        raise OSError(f"{dest} appeared during the conversion of {gguf.name} and is not its conversion")
     log.info("converted %s in %.1f s", gguf.name, time.perf_counter() - start)

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from cbr2.common.console import did_you_mean
 from cbr2.common.errors import ConfigError
-from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, prompt_seed, stop_strings, token_cap
+from cbr2.common.records import Completion, Prompt
+from cbr2.llm.base import cut_at_stop, decoding_identity, prompt_seed, stop_strings, token_cap
 from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, gguf_fingerprint, gguf_path
 
 if TYPE_CHECKING:

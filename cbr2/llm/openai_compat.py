@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from cbr2.common.errors import ConfigError
-from cbr2.llm.base import Completion, Prompt, cut_at_stop, decoding_identity, request_grammar, stop_strings, token_cap
+from cbr2.common.records import Completion, Prompt
+from cbr2.llm.base import cut_at_stop, decoding_identity, request_grammar, stop_strings, token_cap
 
 if TYPE_CHECKING:
     from cbr2.config_schema import LLMConfig

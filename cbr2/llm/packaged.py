@@ -25,6 +25,7 @@ from pathlib import Path
 
 from cbr2.common.console import did_you_mean
 from cbr2.common.errors import ConfigError, SetupError
+from cbr2.common.files import cache_root
 from cbr2.common.locks import build_lock
 
 log = logging.getLogger(__name__)
@@ -168,8 +169,6 @@ def gguf_path(name: str, cache_dir: str | None = None) -> Path:
         SetupError: When a package is missing, or the chunks do not add up to the registered size
             and SHA-256 (naming the packages to reinstall).
     """
-    from cbr2.retrieval.cache import cache_root
-
     model = packaged(name)
     dest = cache_root(cache_dir) / "llm" / "gguf" / f"{model.name}-{model.sha256[:12]}.gguf"
     if _verified(dest, model):

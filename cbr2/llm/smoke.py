@@ -279,7 +279,7 @@ def check_gpu_memory(cfg: Any) -> str:
     """Free memory of each visible GPU against the model and ``llm.max_model_len``."""
     import torch
 
-    from cbr2.cluster.slurm import visible_gpus
+    from cbr2.common.slurm import visible_gpus
     from cbr2.llm.vllm import MEMORY_SHARE, model_name, tensor_parallel_size
 
     name = model_name(cfg.llm)

@@ -40,9 +40,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from cbr2.common.records import Completion, Prompt
 from cbr2.llm.base import (
-    Completion,
-    Prompt,
     apply_chat_template,
     cut_at_stop,
     decoding_identity,
@@ -125,7 +124,7 @@ def _gpu_facts() -> tuple[int | None, int | None, int | None]:
     """(visible GPUs, free bytes, total bytes) of this process's first GPU; Nones without CUDA."""
     import torch  # present wherever vLLM is
 
-    from cbr2.cluster.slurm import visible_gpus
+    from cbr2.common.slurm import visible_gpus
 
     if not torch.cuda.is_available():
         return visible_gpus(), None, None

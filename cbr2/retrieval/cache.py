@@ -4,7 +4,7 @@ An entry is a folder ``{label}-{key}`` holding ``embeddings.npy``, the index whe
 ``flat`` (a flat index is rebuilt from the embeddings in milliseconds) and ``meta.json``. The
 key hashes the encoder name, a fingerprint of its weights, the exact texts embedded and the
 cache format, so a fine-tuned encoder or a changed KB never reuses an entry. Entries are
-written to a temporary folder and renamed, under a build lock, so concurrent SLURM tasks
+written to a temporary folder and renamed (``common.files.publish_folder``), under a build lock, so concurrent SLURM tasks
 build an entry once and never see a half-written one. On load, the metadata, sizes, dtype
 and checksums are verified; an entry that does not match, whatever is wrong with it, is
 removed with a warning and rebuilt, never used.
@@ -25,8 +25,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -34,7 +32,7 @@ import faiss
 import numpy as np
 
 from cbr2.common.console import progress
-from cbr2.common.files import file_sha256, remove_path, write_atomic
+from cbr2.common.files import file_sha256, publish_folder, remove_path, write_atomic
 from cbr2.common.locks import build_lock
 from cbr2.retrieval.index import build_index
 
@@ -48,11 +46,6 @@ PARTIAL_FORMAT = 1
 
 CHUNK_TEXTS = 8192
 """Texts per resumable part (about half a minute of MiniLM on two CPU cores)."""
-
-
-def cache_root(configured: str | None = None) -> Path:
-    """``retrieval.cache_dir``, else ``$CBR2_CACHE_DIR``, else ``~/.cache/cbr2``."""
-    return Path(configured or os.environ.get("CBR2_CACHE_DIR") or Path.home() / ".cache" / "cbr2").expanduser()
 
 
 def content_hash(texts: Sequence[str]) -> str:
@@ -274,21 +267,22 @@ class EmbeddingStore:
         return embeddings, index
 
     def _save(self, entry: Path, meta: dict, embeddings: np.ndarray, index: faiss.Index, kind: str) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=self.root))
-        try:
+        written = False
+
+        def write(tmp: Path) -> None:
+            nonlocal written
             np.save(tmp / "embeddings.npy", embeddings, allow_pickle=False)
             record = {**meta, "dim": int(embeddings.shape[1]), "embeddings_sha256": file_sha256(tmp / "embeddings.npy")}
             if kind != "flat" and not isinstance(index, faiss.IndexFlat):
                 faiss.write_index(index, str(tmp / "index.faiss"))
                 record["index_sha256"] = file_sha256(tmp / "index.faiss")
             (tmp / "meta.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-            try:
-                os.rename(tmp, entry)
-            except OSError as err:
-                shutil.rmtree(tmp, ignore_errors=True)
-                if not entry.is_dir():  # not another process's finished entry: this one is lost
-                    log.warning("could not store cache entry %s (%s); it is encoded again next time", entry, err)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            written = True
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            publish_folder(entry, write)  # a concurrent winner's entry is as good as this one
+        except OSError as err:
+            if not written:  # writing failed, not the rename: raised as before
+                raise
+            log.warning("could not store cache entry %s (%s); it is encoded again next time", entry, err)

@@ -15,9 +15,10 @@ import numpy as np
 from omegaconf import DictConfig
 
 from cbr2.common.errors import ConfigError
+from cbr2.common.files import cache_root
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.reading import DataError
-from cbr2.retrieval.cache import EmbeddingStore, cache_root
+from cbr2.retrieval.cache import EmbeddingStore
 from cbr2.retrieval.cases import VIEWS, Case, CaseRetriever, Query, Ranking
 from cbr2.retrieval.encoders import encode, load_encoder, pick_device, weights_fingerprint
 from cbr2.retrieval.knowledge import Knowledge, KnowledgeRetriever

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from cbr2.common.files import publish_folder
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -39,8 +39,9 @@ def export_checkpoint(model: SentenceTransformer, checkpoints_dir: str | Path, d
                       meta: dict[str, Any]) -> Path:
     """Save ``model`` so that ``SentenceTransformer(str(path))`` loads it, with its metadata.
 
-    The folder is written under a hidden temporary name and renamed into place, so a
-    half-written export is never found; an earlier export of the same run is replaced.
+    The folder is written under a hidden temporary name and renamed into place
+    (``publish_folder``), so a half-written export is never found; an earlier export of the same
+    run is replaced.
 
     Args:
         model: The trained encoder.
@@ -54,27 +55,16 @@ def export_checkpoint(model: SentenceTransformer, checkpoints_dir: str | Path, d
     Returns:
         The export's folder, ``{checkpoints_dir}/structural-{data_name}-{run_id}``.
     """
-    root = Path(checkpoints_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"structural-{data_name}-{run_id}"
-    # Same parent folder, so the rename is atomic and never copies.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
+    final = Path(checkpoints_dir) / f"structural-{data_name}-{run_id}"
+
+    def write(tmp: Path) -> None:
         tmp.chmod(0o755)  # mkdtemp makes it private; an export is meant to be shared
         model.save(str(tmp))
         record = {**meta, "data": {"root": None, **meta.get("data", {}), "name": data_name},
                   "created": datetime.now(timezone.utc).isoformat()}
         (tmp / META_FILE).write_text(json.dumps(_jsonable(record), indent=2) + "\n", encoding="utf-8")
-        if final.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old.", dir=root))
-            final.rename(old / final.name)
-            tmp.rename(final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    publish_folder(final, write, replace=True)
     log.info("exported the structural retriever to %s", final)
     return final
 

@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from scipy.stats import spearmanr
 
 from cbr2.common.errors import ConfigError
-from cbr2.evaluation.metrics import sketch_hit_at_k
 from cbr2.retrieval.encoders import encode, resolve_model
 from cbr2.retrieval.index import build_index, search
+from cbr2.retrieval.metrics import sketch_hit_at_k
 from cbr2.structural.data import Batch, QuestionSet
 
 if TYPE_CHECKING:

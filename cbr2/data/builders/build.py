@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cbr2.data.benchmarks import EMBEDDED_ROOT
-from cbr2.kb.loaders import kqapro_kb_from_dict
+from cbr2.data.kb_loaders import kqapro_kb_from_dict
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.program import Program
 

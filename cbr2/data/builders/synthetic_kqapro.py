@@ -372,7 +372,7 @@ def build_questions(kb_dict: dict[str, Any], seed: int = 0, per_category: int = 
         ``[{question, program: [{function, dependencies, inputs}], choices, answer}]``, shuffled.
     """
     from cbr2.data.builders.mini_kqapro_questions import _Generator
-    from cbr2.kb.loaders import kqapro_kb_from_dict
+    from cbr2.data.kb_loaders import kqapro_kb_from_dict
     from cbr2.kopl.program import Program
 
     if executor is None:
@@ -425,7 +425,7 @@ def build_splits(kb_dict: dict[str, Any], seed: int = 0, n_train: int = TRAIN_SI
         ValueError: If the KB cannot give a category's questions (after 100 attempts per question).
     """
     from cbr2.data.builders.mini_kqapro_questions import _Generator
-    from cbr2.kb.loaders import kqapro_kb_from_dict
+    from cbr2.data.kb_loaders import kqapro_kb_from_dict
     from cbr2.kopl.program import Program
 
     if executor is None:
@@ -462,7 +462,7 @@ def check_answers(kb_dict: dict[str, Any], items: list[dict[str, Any]], engine: 
     What the gold answers promise (each program executes to its answer), checked on a seeded
     sample where a full pool would take hours on the reference engine.
     """
-    from cbr2.kb.loaders import kqapro_kb_from_dict
+    from cbr2.data.kb_loaders import kqapro_kb_from_dict
     from cbr2.kopl.program import Program
 
     executor = make_executor(kqapro_kb_from_dict(kb_dict, "<synthetic kqapro>"), engine)

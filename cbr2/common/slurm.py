@@ -1,7 +1,9 @@
 """What the SLURM allocation gave this process, read from the job's environment.
 
 The one place that knows SLURM's variables. Outside a job every function answers for a
-single process on this machine, so the same config runs on a laptop and in a job array.
+single process on this machine, so the same config runs on a laptop and in a job array. In the
+core layer because more than the cluster package reads the allocation: the evaluation's shard
+(``array_task``), training's Lightning sizing and the vLLM backend's GPU count.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The layout of a KB store entry (``cbr2.kb.store``) and its writer.
+"""The layout of a KB store entry (``cbr2.data.kb_store``) and its writer.
 
 ``store.bin`` is ``MAGIC``, then pickle protocol 5 sections (``SECTIONS``): a header, the four
 engine indexes, the entity offsets as int64 and the entities one pickle each; ``meta.json``
 records the format, the source's hash and size, the sections' offsets, and the size and SHA-256
-of ``store.bin``. ``cbr2.kb.store`` finds, verifies and opens entries; this module writes them.
+of ``store.bin``. ``cbr2.data.kb_store`` finds, verifies and opens entries; this module writes them.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cbr2.common.files import publish_folder
 from cbr2.kb.model import KB
 
 FORMAT = 1
@@ -55,7 +56,7 @@ def write_entry(entry: Path, expected: dict[str, Any], kb: KB, indexes: dict[str
                 started: float) -> None:
     """Write the entry of ``kb`` (parsed from ``path``) with the engine's ``indexes``: ``store.bin``
     and ``meta.json`` (``expected`` plus the sections, sizes and checksum) in a temporary folder
-    beside ``entry``, renamed into place when complete.
+    beside ``entry``, renamed into place when complete (``publish_folder``).
 
     Raises:
         OSError: When it cannot be written (a read-only cache, a full disk).
@@ -65,9 +66,8 @@ def write_entry(entry: Path, expected: dict[str, Any], kb: KB, indexes: dict[str
               "vocabulary": {"names": voc.names, "concepts": voc.concepts, "keys": voc.keys,
                              "qualifier_keys": voc.qualifier_keys, "relations": voc.relations, "units": voc.units},
               **{k: indexes[k] for k in ("ids", "nodes", "names", "members", "key_type")}}
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name[:16]}-", dir=entry.parent))
-    try:
+
+    def write_files(tmp: Path) -> None:
         sections: dict[str, list[int]] = {}
         with (tmp / "store.bin").open("wb") as handle:
             out = _HashingWriter(handle)
@@ -96,13 +96,5 @@ def write_entry(entry: Path, expected: dict[str, Any], kb: KB, indexes: dict[str
         meta = {**expected, "source": str(path), "store_bytes": out.offset, "store_sha256": out.digest.hexdigest(),
                 "sections": sections, "stats": header["stats"], "build_seconds": round(time.perf_counter() - started, 2)}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        try:
-            os.rename(tmp, entry)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if not entry.is_dir():  # not another process's finished entry
-                raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
+    publish_folder(entry, write_files)  # a concurrent winner's entry (same source, same format) is kept

@@ -28,10 +28,10 @@ protocol 5 sections: a header, the four engine indexes, the entity offsets as in
 entities one pickle each, read through ``mmap``) and ``meta.json`` (format, kind, the source's
 hash and size, the sections' offsets, the size and SHA-256 of ``store.bin``). Like the
 retrieval cache (``cbr2.retrieval.cache``) it is written to a temporary folder and renamed into
-place under a build lock (``cbr2.common.locks``), so shards starting together build it once and never
+place (``cbr2.common.files.publish_folder``) under a build lock (``cbr2.common.locks``), so shards starting together build it once and never
 see half of it; on every load the metadata, sizes and checksum are verified, and an entry that
 does not check out, whatever is wrong with it, is removed with a warning and rebuilt (the layout
-and the writer: ``cbr2.kb.store_layout``). The
+and the writer: ``cbr2.data.kb_store_layout``). The
 pickles are read with an unpickler that resolves no global except ``datetime.date`` (the only
 one the store writes), so a planted entry cannot name a function for them to call. Entries of
 other files or formats are not deleted (as in the retrieval cache).
@@ -57,11 +57,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from cbr2.common.files import file_sha256, gc_paused, remove_path
+from cbr2.common.files import cache_root, file_sha256, gc_paused, remove_path
 from cbr2.common.locks import build_lock
-from cbr2.kb.loaders import load_kqapro_kb, load_metaqa_kb
+from cbr2.data.kb_loaders import load_kqapro_kb, load_metaqa_kb
 from cbr2.kb.model import KB, Vocabulary
-from cbr2.kb.store_layout import ENGINE_SECTIONS, FORMAT, HEADER_KEYS, MAGIC, SECTIONS, write_entry
+from cbr2.data.kb_store_layout import ENGINE_SECTIONS, FORMAT, HEADER_KEYS, MAGIC, SECTIONS, write_entry
 
 log = logging.getLogger(__name__)
 
@@ -263,8 +263,6 @@ def load_kb(path: str | Path, kind: str | None = None, cache_dir: str | Path | N
     Raises:
         DataError: As the loader, when the file is missing or malformed (nothing is stored).
     """
-    from cbr2.retrieval.cache import cache_root
-
     path = Path(path)
     kind = kind or _infer_kind(path)
     if kind not in LOADERS:
