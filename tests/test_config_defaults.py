@@ -1,4 +1,4 @@
-"""One source of defaults, ranges and choices: the schema (``cbr2.config_schema``). The YAML files hold
+"""One source of defaults, ranges and choices: the schema (``cbr2.config.schema``). The YAML files hold
 only what differs from it; each numeric field's range is declared on the field and its default
 is inside it; each choice field's set is the set of the code that implements it; the ablation
 table and its delta files match.
@@ -12,9 +12,10 @@ from dataclasses import fields
 import pytest
 from omegaconf import OmegaConf
 
-from cbr2._config_load import leaves, ranges
 from cbr2.config import ABLATION_TABLE, ABLATIONS, CONFIG_DIR, ablation, load_config, setting_of
-from cbr2.config_schema import (
+from cbr2.config.fields import ranges
+from cbr2.config.files import leaves
+from cbr2.config.schema import (
     CaseMode,
     Config,
     ExecutorEngine,
@@ -92,7 +93,7 @@ def test_the_ablation_table_matches_its_files_and_settings():
 def test_the_configuration_page_is_the_one_the_schema_writes():
     from pathlib import Path
 
-    from cbr2.config_reference import reference
+    from cbr2.config.reference import reference
 
     page = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
-    assert page.read_text(encoding="utf-8") == reference(), "regenerate: python -m cbr2.config_reference > " + str(page)
+    assert page.read_text(encoding="utf-8") == reference(), "regenerate: python -m cbr2.config.reference > " + str(page)

@@ -14,8 +14,7 @@ import pytest
 from conftest import FakeBackend
 from omegaconf import OmegaConf
 
-from cbr2.config import load_config
-from cbr2.config_schema import LLMConfig
+from cbr2.config import LLMConfig, load_config
 from cbr2.llm import BACKENDS, backend_class, make_backend
 from cbr2.llm.base import FEATURES, Backend, Prompt, token_cap
 

@@ -16,7 +16,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from cbr2.config_schema import LLMConfig
+from cbr2.config import LLMConfig
 from cbr2.llm import hf, hf_convert, hf_decode
 from cbr2.llm.base import Prompt
 from cbr2.llm.hf import HFBackend

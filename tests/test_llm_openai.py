@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from cbr2.config_schema import LLMConfig
+from cbr2.config import LLMConfig
 from cbr2.llm import backend_class
 from cbr2.llm.base import Completion, Prompt
 from cbr2.llm.openai_compat import LLMRequestError, OpenAIBackend

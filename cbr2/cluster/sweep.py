@@ -47,8 +47,8 @@ from cbr2.config import (
     ConfigError,
     ablation_file,
     compose,
-    git_hash,
 )
+from cbr2.config.provenance import git_hash
 from cbr2.evaluation import compare
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The configuration schema: every key, its type, default, range and choices, declared once.
 
-``cbr2.config`` loads configurations against it (and re-exports ``Config`` and ``TrainConfig``);
-``cbr2._config_load`` reads the ranges declared here with ``bounded`` and words what fails.
+``cbr2.config.load`` composes configurations against it and checks the ranges declared here with
+``bounded`` (``cbr2.config.fields``); ``cbr2.config.reference`` writes docs/configuration.md from it.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cbr2._config_load import bounded
+from cbr2.config.fields import bounded
 
 # Closed vocabularies: the type of their field, so a value outside one fails as the config is
 # merged (``load_config`` names it with the valid values). The code that implements each keeps
