@@ -38,6 +38,21 @@ def test_a_yaml_file_sets_only_keys_of_the_schema_and_no_default_again(schema, n
     assert again == [], f"{name} repeats the schema's default of these keys"
 
 
+@pytest.mark.parametrize("schema, name", SURFACES)
+def test_an_entry_points_file_sets_no_value_so_the_schema_holds_its_defaults(schema, name):
+    # A value here would be a second default: docs/configuration.md (written from the schema) would
+    # then show one that no run gets. Overlays (paper.yaml, ablations/) differ on purpose.
+    assert leaves(OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / name))) == {}, name
+
+
+def test_a_key_of_both_entry_points_has_one_default():
+    evaluate = leaves(OmegaConf.to_container(OmegaConf.structured(Config)))
+    train = leaves(OmegaConf.to_container(OmegaConf.structured(TrainConfig)))
+    shared = sorted(set(evaluate) & set(train))
+    assert {"data.name", "structural.checkpoints_dir", "wandb.mode"} <= set(shared)
+    assert {k: (evaluate[k], train[k]) for k in shared if evaluate[k] != train[k]} == {}
+
+
 @pytest.mark.parametrize("schema", [Config, TrainConfig])
 def test_every_numeric_field_but_a_seed_has_a_range_and_its_default_is_in_it(schema):
     bounds = ranges(schema)

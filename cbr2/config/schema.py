@@ -11,6 +11,13 @@ from typing import Any, Literal
 
 from cbr2.config.fields import bounded
 
+# Defaults of keys that both entry points' schemas declare: written once, so that ``train.py`` and
+# ``evaluate.py`` cannot disagree (evaluation looks up the retriever training exported).
+DEFAULT_DATA = "mini-kqapro"
+"""``data.name`` of both entry points: the embedded default."""
+CHECKPOINTS_DIR = "checkpoints"
+"""``structural.checkpoints_dir`` of both: where training exports and evaluation looks up."""
+
 # Closed vocabularies: the type of their field, so a value outside one fails as the config is
 # merged (``load_config`` names it with the valid values). The code that implements each keeps
 # its own table of the same names (named below); tests/test_config_defaults.py checks they agree.
@@ -27,7 +34,7 @@ Dtype = Literal["auto", "float32", "bfloat16", "float16"]  # llm.dtype: read by 
 class DataConfig:
     """Which benchmark to read."""
 
-    name: str = "mini-kqapro"
+    name: str = DEFAULT_DATA
     """``mini-kqapro``, ``mini-metaqa``, ``kqapro`` or ``metaqa``."""
     root: str | None = None
     """Folder in the official layout; the embedded copy for ``mini-*`` when unset."""
@@ -227,7 +234,7 @@ class StructuralConfig:
 
     checkpoint: str | None = None
     """A folder ``SentenceTransformer(path)`` loads; the newest one trained on ``data.name`` when unset."""
-    checkpoints_dir: str = "checkpoints"
+    checkpoints_dir: str = CHECKPOINTS_DIR
     """Where ``train.py`` exports retrievers and where the newest is looked up."""
 
 
@@ -267,7 +274,7 @@ class Config:
 class TrainDataConfig:
     """Which benchmark's training split the structural retriever learns from."""
 
-    name: str = "mini-kqapro"
+    name: str = DEFAULT_DATA
     """``mini-kqapro``, ``mini-metaqa``, ``kqapro`` or ``metaqa``."""
     root: str | None = None
     """Folder in the official layout; the embedded copy for ``mini-*`` when unset."""
@@ -303,7 +310,7 @@ class StructuralTrainConfig:
     """Share of the steps with linear warm-up."""
     max_seq_length: int = bounded(64, 1)
     """Question tokens the encoder reads."""
-    checkpoints_dir: str = "checkpoints"
+    checkpoints_dir: str = CHECKPOINTS_DIR
     """Where the best model is exported as a sentence-transformers folder."""
 
 
