@@ -14,7 +14,8 @@ import sys
 from cbr2.common.console import setup_logging
 from cbr2.common.devices import check_devices
 from cbr2.common.errors import UserError
-from cbr2.config import TrainConfig, add_config_arguments, config_from_args
+from cbr2.config import TrainConfig
+from cbr2.config.cli import add_config_arguments, config_from_args
 from cbr2.structural.train import MONITOR, train
 
 

@@ -17,7 +17,7 @@ import json
 import sys
 import time
 
-from cbr2.config import REPO_ROOT, Config, compose
+from cbr2.config import CONFIG_DIR, Config, compose
 from cbr2.data.benchmarks import Benchmark
 from cbr2.evaluation.runner import _prepare, build_prompts, select_questions
 from cbr2.llm import make_backend
@@ -29,7 +29,7 @@ ENCODER = "retrieval.encoder=sentence-transformers/all-MiniLM-L6-v2"
 
 
 def main(overrides: list[str]) -> dict:
-    cfg = compose(Config, files=[REPO_ROOT / "configs" / "paper.yaml"], overrides=[ENCODER, *TOKENIZER, *overrides])
+    cfg = compose(Config, files=[CONFIG_DIR / "paper.yaml"], overrides=[ENCODER, *TOKENIZER, *overrides])
     bench = Benchmark(cfg.data.name, cfg.data.root)
     questions = select_questions(bench, cfg)
     cfg = _prepare(cfg, bench, retrieval_only=False)

@@ -1,4 +1,4 @@
-"""One source of defaults, ranges and choices: the schema (``cbr2.config_schema``). The YAML files hold
+"""One source of defaults, ranges and choices: the schema (``cbr2.config.schema``). The YAML files hold
 only what differs from it; each numeric field's range is declared on the field and its default
 is inside it; each choice field's set is the set of the code that implements it; the ablation
 table and its delta files match.
@@ -12,9 +12,10 @@ from dataclasses import fields
 import pytest
 from omegaconf import OmegaConf
 
-from cbr2._config_load import leaves, ranges
 from cbr2.config import ABLATION_TABLE, ABLATIONS, CONFIG_DIR, ablation, load_config, setting_of
-from cbr2.config_schema import (
+from cbr2.config.fields import ranges
+from cbr2.config.files import leaves
+from cbr2.config.schema import (
     CaseMode,
     Config,
     ExecutorEngine,
@@ -35,6 +36,21 @@ def test_a_yaml_file_sets_only_keys_of_the_schema_and_no_default_again(schema, n
     assert sorted(set(written) - set(declared)) == [], f"keys of {name} the schema does not declare"
     again = sorted(k for k, v in written.items() if v == declared[k] and type(v) is type(declared[k]))
     assert again == [], f"{name} repeats the schema's default of these keys"
+
+
+@pytest.mark.parametrize("schema, name", SURFACES)
+def test_an_entry_points_file_sets_no_value_so_the_schema_holds_its_defaults(schema, name):
+    # A value here would be a second default: docs/configuration.md (written from the schema) would
+    # then show one that no run gets. Overlays (paper.yaml, ablations/) differ on purpose.
+    assert leaves(OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / name))) == {}, name
+
+
+def test_a_key_of_both_entry_points_has_one_default():
+    evaluate = leaves(OmegaConf.to_container(OmegaConf.structured(Config)))
+    train = leaves(OmegaConf.to_container(OmegaConf.structured(TrainConfig)))
+    shared = sorted(set(evaluate) & set(train))
+    assert {"data.name", "structural.checkpoints_dir", "wandb.mode"} <= set(shared)
+    assert {k: (evaluate[k], train[k]) for k in shared if evaluate[k] != train[k]} == {}
 
 
 @pytest.mark.parametrize("schema", [Config, TrainConfig])
@@ -92,7 +108,7 @@ def test_the_ablation_table_matches_its_files_and_settings():
 def test_the_configuration_page_is_the_one_the_schema_writes():
     from pathlib import Path
 
-    from cbr2.config_reference import reference
+    from cbr2.config.reference import reference
 
     page = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
-    assert page.read_text(encoding="utf-8") == reference(), "regenerate: python -m cbr2.config_reference > " + str(page)
+    assert page.read_text(encoding="utf-8") == reference(), "regenerate: python -m cbr2.config.reference > " + str(page)

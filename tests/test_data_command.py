@@ -337,7 +337,7 @@ def test_the_real_metaqa_test_questions_load_and_check(capsys):
 def test_a_case_pool_without_gold_programs_is_refused_in_one_line(tmp_path):
     from omegaconf import OmegaConf
 
-    from cbr2.config_schema import RetrievalConfig
+    from cbr2.config import RetrievalConfig
     from cbr2.data.benchmarks import Benchmark
     from cbr2.data.reading import DataError
     from cbr2.retrieval.retriever import Retriever

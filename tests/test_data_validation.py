@@ -10,9 +10,9 @@ import json
 import pytest
 from conftest import TINY_KB, to_old_schema
 
+from cbr2.data.kb_loaders import KBFormatError, kqapro_kb_from_dict, load_kqapro_kb, load_metaqa_kb
 from cbr2.data.questions import DatasetFormatError, load_kqapro_questions, load_metaqa_questions
 from cbr2.data.schema import DataError
-from cbr2.data.kb_loaders import KBFormatError, kqapro_kb_from_dict, load_kqapro_kb, load_metaqa_kb
 
 
 def _raises(load, *args) -> str:

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from program_generator import ProgramGenerator
 
-from cbr2.evaluation.scoring import score_generation
 from cbr2.data.kb_loaders import kqapro_kb_from_dict
+from cbr2.evaluation.scoring import score_generation
 from cbr2.kopl.checker import check_text
 from cbr2.kopl.executor import ExecutionError, Executor, quiet
 from cbr2.kopl.functions import canonical_name

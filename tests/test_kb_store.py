@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from cbr2.common.files import file_sha256
-from cbr2.data.benchmarks import EMBEDDED_ROOT, Benchmark
-from cbr2.data.schema import DataError
 from cbr2.data import kb_store as store_module
+from cbr2.data.benchmarks import EMBEDDED_ROOT, Benchmark
 from cbr2.data.kb_loaders import load_kqapro_kb, load_metaqa_kb
 from cbr2.data.kb_store import StoredEntities, StoredKB, load_kb
+from cbr2.data.schema import DataError
 from cbr2.kopl.checker import check_text
 from cbr2.kopl.engine import Engine
 from cbr2.kopl.executor import ExecutionError, Executor

@@ -15,8 +15,7 @@ from conftest import FakeBackend
 from omegaconf import OmegaConf
 
 from cbr2.common.records import Prompt
-from cbr2.config import load_config
-from cbr2.config_schema import LLMConfig
+from cbr2.config import LLMConfig, load_config
 from cbr2.llm import BACKENDS, backend_class, make_backend
 from cbr2.llm.base import FEATURES, Backend, token_cap
 

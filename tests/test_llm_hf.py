@@ -17,7 +17,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from cbr2.common.records import Prompt
-from cbr2.config_schema import LLMConfig
+from cbr2.config import LLMConfig
 from cbr2.llm import hf, hf_convert, hf_decode
 from cbr2.llm.hf import HFBackend
 from cbr2.llm.packaged import PACKAGED, gguf_fingerprint, gguf_path

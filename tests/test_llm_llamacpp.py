@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from cbr2.common.records import Prompt
-from cbr2.config_schema import LLMConfig
+from cbr2.config import LLMConfig
 from cbr2.llm.llamacpp import LlamaCppBackend, resolve_gguf
 from cbr2.llm.packaged import PACKAGED, chunk_paths
 

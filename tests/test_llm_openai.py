@@ -19,7 +19,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from cbr2.common.records import Completion, Prompt
-from cbr2.config_schema import LLMConfig
+from cbr2.config import LLMConfig
 from cbr2.llm import backend_class
 from cbr2.llm.openai_compat import LLMRequestError, OpenAIBackend
 

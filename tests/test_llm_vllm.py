@@ -16,8 +16,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from cbr2.common.records import Completion, Prompt
-from cbr2.config_schema import LLMConfig
-from cbr2.llm import backend_class, vllm as vllm_backend
+from cbr2.config import LLMConfig
+from cbr2.llm import backend_class
+from cbr2.llm import vllm as vllm_backend
 from cbr2.llm.base import cut_at_stop
 from cbr2.llm.vllm import (
     CPU_KV_TOKENS,

@@ -8,7 +8,8 @@ import shutil
 import pytest
 from run_equivalence import differences
 
-from cbr2.cluster.merge import main as merge_main, merge
+from cbr2.cluster.merge import main as merge_main
+from cbr2.cluster.merge import merge
 from cbr2.common.slurm import array_task, num_nodes, tasks_per_node, visible_gpus
 from cbr2.config import load_config
 from cbr2.evaluation.runner import run_evaluation

@@ -13,8 +13,8 @@ import pytest
 
 from cbr2.data.builders.mini_kqapro_kb import build_kb
 from cbr2.data.builders.mini_kqapro_questions import CATEGORIES, generate
-from cbr2.data.questions import kqapro_category
 from cbr2.data.kb_loaders import kqapro_kb_from_dict
+from cbr2.data.questions import kqapro_category
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.program import Program
 

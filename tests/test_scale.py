@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from cbr2.data.builders import synthetic_kqapro as syn
-from cbr2.data.questions import KQAPRO_CATEGORIES, load_kqapro_questions
 from cbr2.data.kb_loaders import kqapro_kb_from_dict, load_kqapro_kb
+from cbr2.data.questions import KQAPRO_CATEGORIES, load_kqapro_questions
 from cbr2.kb.model import KB
 from cbr2.kb.triples import MAX_PER_CONCEPT, ontology_triples
 from cbr2.retrieval.cache import EmbeddingStore

@@ -40,6 +40,7 @@ from cbr2.cluster.grid import Run, expand_grid, expand_vary
 from cbr2.common.console import setup_logging
 from cbr2.common.errors import SetupError, UserError
 from cbr2.common.files import write_atomic
+from cbr2.common.provenance import git_hash
 from cbr2.config import (
     ABLATIONS,
     REPO_ROOT,
@@ -47,7 +48,6 @@ from cbr2.config import (
     ConfigError,
     ablation_file,
     compose,
-    git_hash,
 )
 from cbr2.evaluation import compare
 

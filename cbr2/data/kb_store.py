@@ -60,8 +60,8 @@ from typing import Any
 from cbr2.common.files import cache_root, file_sha256, gc_paused, remove_path
 from cbr2.common.locks import build_lock
 from cbr2.data.kb_loaders import load_kqapro_kb, load_metaqa_kb
-from cbr2.kb.model import KB, Vocabulary
 from cbr2.data.kb_store_layout import ENGINE_SECTIONS, FORMAT, HEADER_KEYS, MAGIC, SECTIONS, write_entry
+from cbr2.kb.model import KB, Vocabulary
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from cbr2.common.errors import UserError
 from cbr2.common.files import write_atomic
+from cbr2.common.provenance import git_hash
 from cbr2.common.records import Prediction
-from cbr2.config import ablation_slug, git_hash, setting_of
+from cbr2.config import ablation_slug, setting_of
 from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import Question
 from cbr2.evaluation.browser import write_browser

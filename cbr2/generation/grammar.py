@@ -44,7 +44,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from cbr2.config_schema import GenerationConfig
+from cbr2.config import GenerationConfig
 from cbr2.kb.model import Vocabulary
 from cbr2.kopl.functions import ALIASES, ANSWER_TYPES, CLOSED_KINDS, FUNCTIONS, FunctionSpec, accepts
 from cbr2.kopl.grounding import SLOT_KINDS, slot_items

@@ -96,7 +96,7 @@ def make_backend(section: Any, questions: Sequence[Question] = (), grammar: Prog
     """The configured backend, built but not loaded (weights load on the first ``generate``).
 
     Args:
-        section: The ``llm`` section (``cbr2.config_schema.LLMConfig``), which the backends read.
+        section: The ``llm`` section (``cbr2.config.LLMConfig``), which the backends read.
         questions: The evaluated questions; only ``gold`` reads them (their gold programs).
         grammar: Decode under this grammar (``generation.constrained``); every backend but
             ``gold``, which writes gold programs, decodes under it (``capabilities``).

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from cbr2.common.records import Completion, Prompt
 
 if TYPE_CHECKING:
-    from cbr2.config_schema import LLMConfig
+    from cbr2.config import LLMConfig
 
 
 FEATURES = {

@@ -35,7 +35,7 @@ from cbr2.llm.hf_decode import Decoder, Row
 from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, gguf_fingerprint, gguf_path
 
 if TYPE_CHECKING:
-    from cbr2.config_schema import LLMConfig
+    from cbr2.config import LLMConfig
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from cbr2.llm.base import cut_at_stop, decoding_identity, prompt_seed, stop_stri
 from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, gguf_fingerprint, gguf_path
 
 if TYPE_CHECKING:
-    from cbr2.config_schema import LLMConfig
+    from cbr2.config import LLMConfig
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from cbr2.common.records import Completion, Prompt
 from cbr2.llm.base import cut_at_stop, decoding_identity, request_grammar, stop_strings, token_cap
 
 if TYPE_CHECKING:
-    from cbr2.config_schema import LLMConfig
+    from cbr2.config import LLMConfig
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
 """Hosts whose server gets the placeholder key when the key variable is unset."""

@@ -302,15 +302,15 @@ def check_gpu_memory(cfg: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from cbr2.config import CONFIG_DIR, compose
+    from cbr2.llm.packaged import DEFAULT_MODEL
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default=str(ROOT / "configs" / "paper.yaml"), help="the run's configuration")
+    parser.add_argument("--config", default=str(CONFIG_DIR / "paper.yaml"), help="the run's configuration")
     parser.add_argument("--questions", type=int, default=9, help="questions of the evaluation run")
     parser.add_argument("--no-tier", action="store_true", help="skip the vllm test tier")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the evaluation run")
     args = parser.parse_args(argv)
-    from cbr2.config import compose
-    from cbr2.llm.packaged import DEFAULT_MODEL
-
     cfg = compose(files=[args.config], overrides=args.overrides)
     checks = [
         # What needs no GPU: a login node or a CPU machine gets this far.

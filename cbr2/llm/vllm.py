@@ -54,7 +54,7 @@ from cbr2.llm.hf_convert import model_folder, model_source
 from cbr2.llm.packaged import PACKAGED
 
 if TYPE_CHECKING:
-    from cbr2.config_schema import LLMConfig
+    from cbr2.config import LLMConfig
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from cbr2.common import slurm
 from cbr2.common.console import progress, route_library_loggers
+from cbr2.common.provenance import git_hash
 from cbr2.common.tracking import announce, wandb_mode
-from cbr2.config import ConfigError, git_hash
+from cbr2.config import ConfigError
 from cbr2.structural.checkpoints import export_checkpoint
 from cbr2.structural.data import PairDataModule
 from cbr2.structural.module import StructuralRetriever

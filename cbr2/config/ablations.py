@@ -1,33 +1,19 @@
-"""Configurations: the schema's defaults (``cbr2.config_schema``), ``configs/*.yaml`` on top, then
-``key=value`` overrides (``compose``, the one layering); the paper's Table 5 settings (ablations).
-
-The schema is the one source of every key, default, range and choice: a key it does not declare
-fails with a message that lists the valid keys; a value of the wrong type or outside a
-``Literal`` field's set fails naming the key; a number outside its field's ``bounded`` range fails
-naming the key and the range. ``cbr2._config_load`` reads the layers, checks what a type cannot
-say (registry names, ``data.split``, the declared ranges) and words the errors. The YAML files
-hold only what differs from the schema's defaults.
+"""The paper's Table 5 settings (ablations): their names, their delta files over the defaults
+(``configs/ablations/{slug}.yaml``), and which setting a configuration is in.
 """
 
 from __future__ import annotations
 
-import argparse
-import subprocess
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from cbr2._config_load import ConfigError, leaves, merge_layers, read_yaml, validate
 from cbr2.common.console import did_you_mean
-from cbr2.config_schema import Config, TrainConfig
-
-__all__ = ["Config", "ConfigError", "TrainConfig", "validate"]  # defined in the schema and the loader, public here
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = REPO_ROOT / "configs"
+from cbr2.common.errors import ConfigError
+from cbr2.config.files import CONFIG_DIR, leaves, read_yaml
+from cbr2.config.schema import Config
 
 
 @dataclass(frozen=True)
@@ -128,62 +114,3 @@ def setting_of(cfg: DictConfig) -> str | None:
         if all(values[k] == delta[k] if k in delta else full_like(k, values[k]) for k in keys):
             return name
     return None
-
-
-def load_config(overrides: list[str] | None = None, files: list[str | Path] = (), schema: type = Config) -> DictConfig:
-    """Build the configuration.
-
-    Args:
-        overrides: OmegaConf dotlist (``["data.name=mini-metaqa", "eval.limit=10"]``).
-        files: YAML files merged in order on top of the defaults.
-        schema: The dataclass describing valid keys.
-
-    Raises:
-        ConfigError: Naming the unknown key (with the list of valid ones), the file (and line,
-            for a file that is not a YAML mapping), or the value that does not fit its type or
-            its allowed values (its ``Literal`` type, ``validate``), every bad value at once.
-    """
-    return merge_layers(OmegaConf.structured(schema), files, overrides or [])
-
-
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments every entry point shares: ``key=value`` overrides and ``--config FILE``."""
-    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. data.name=mini-metaqa")
-    parser.add_argument("--config", action="append", default=[], metavar="FILE",
-                        help="extra YAML merged over the entry point's defaults (repeatable)")
-
-
-def compose(schema: type = Config, *, ablation: str | None = None, files: Iterable[str | Path] = (),
-            overrides: Iterable[str] = ()) -> DictConfig:
-    """The configuration of a run, layered the one way every entry point, sweep task and on-demand
-    training does: the schema's defaults, its entry point's file (``configs/evaluate.yaml`` or
-    ``configs/train.yaml``), the ablation's delta file, ``files``, then ``key=value`` overrides.
-
-    Raises:
-        ConfigError: As ``load_config``, or for an unknown ablation.
-    """
-    delta = [ablation_file(ablation)] if ablation else []
-    defaults = CONFIG_DIR / ("train.yaml" if schema is TrainConfig else "evaluate.yaml")
-    return load_config(list(overrides), files=[defaults, *delta, *files], schema=schema)
-
-
-def config_from_args(args: argparse.Namespace, schema: type) -> DictConfig:
-    """The configuration of an entry point's arguments (``--ablation`` where it has it, ``--config``
-    files, overrides), layered by ``compose``.
-
-    Raises:
-        ConfigError: As ``compose``.
-    """
-    return compose(schema, ablation=getattr(args, "ablation", None), files=args.config, overrides=args.overrides)
-
-
-def git_hash() -> str | None:
-    """The repository's commit (with ``-dirty`` when uncommitted changes exist), or None."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head + ("-dirty" if dirty else "")

@@ -1,34 +1,38 @@
-"""How ``cbr2.config`` reads and merges configuration layers, checks what the schema's types
-cannot, and words what fails.
+"""Composing a configuration: the schema's defaults, YAML files, then ``key=value`` overrides
+(``compose``, the one layering every entry point, sweep task and on-demand training uses),
+checking what the schema's types cannot, and wording what fails.
 
-Private: import from ``cbr2.config`` (the public module re-exports ``ConfigError`` and
-``validate``; ``load_config`` calls ``merge_layers``). Every key's valid values are declared
-once, on its field in the schema (``cbr2.config_schema``):
+Every key's valid values are declared once, on its field in the schema (``cbr2.config.schema``):
 
 * a closed vocabulary (``prompt.format``, ``retrieval.cases``, ``llm.dtype`` ...) is the
   ``Literal`` type of its field: OmegaConf rejects any other value as it merges, and
   ``choice_problem`` words it;
-* a number's range is its field's ``bounded(default, low, high)``, read by ``ranges``;
+* a number's range is its field's ``bounded(default, low, high)`` (``cbr2.config.fields``);
 * a name of a registry the code extends (``data.name``, ``llm.backend``) is checked here against
   that registry (``REGISTERED``), imported when checked; ``data.split`` depends on ``data.name``.
+
+Every bad value of a configuration is named at once, before any data, model or W&B run is loaded.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import re
 import typing
-from dataclasses import dataclass, field, fields, is_dataclass
+from collections.abc import Iterable
+from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from cbr2.common.console import did_you_mean
 from cbr2.common.errors import ConfigError
+from cbr2.config.ablations import ablation_file
+from cbr2.config.fields import ranges
+from cbr2.config.files import CONFIG_DIR, read_yaml
+from cbr2.config.schema import Config, TrainConfig
 
 # ------------------------------------------------------------------------------------ choices
 
@@ -70,66 +74,11 @@ def choice_problem(err: OmegaConfBaseException) -> str | None:
     return unknown_choice(getattr(err, "full_key", None) or name, getattr(err, "value", None), allowed)
 
 
-# ----------------------------------------------------------------------------- ranges
-
-@dataclass(frozen=True)
-class Range:
-    """Numbers a key accepts (null is for the schema's type to allow: it then means the default)."""
-
-    low: float | None = None
-    high: float | None = None
-    open_low: bool = False
-    """The bound ``low`` itself is excluded."""
-    open_high: bool = False
-    why: str = ""
-    """Added to the message (what the rejected values would do, or what null means)."""
-
-    def accepts(self, value: float) -> bool:
-        if self.low is not None and (value < self.low or (self.open_low and value == self.low)):
-            return False
-        return self.high is None or not (value > self.high or (self.open_high and value == self.high))
-
-    def __str__(self) -> str:
-        if self.high is None:
-            text = f"{'greater than' if self.open_low else 'at least'} {self.low}"
-        else:
-            text = f"in {'(' if self.open_low else '['}{self.low}, {self.high}{')' if self.open_high else ']'}"
-        return text + (f" ({self.why})" if self.why else "")
-
-
-def bounded(default: Any, low: float | None = None, high: float | None = None, *, open_low: bool = False,
-            open_high: bool = False, why: str = "") -> Any:
-    """A schema field with its default and the numbers it accepts (``Range``; null, where the
-    field's type allows it, is not checked: it means the documented fallback).
-
-    Args:
-        default: The field's default.
-        low: The least value (None: no lower bound).
-        high: The largest value (None: no upper bound).
-        open_low: ``low`` itself is excluded.
-        open_high: ``high`` itself is excluded.
-        why: Added to the message of a rejected value.
-    """
-    return field(default=default, metadata={"range": Range(low, high, open_low, open_high, why)})
-
-
-@functools.cache
-def ranges(schema: type, prefix: str = "") -> dict[str, Range]:
-    """Every key of ``schema`` declared with ``bounded``, and the numbers it accepts."""
-    out: dict[str, Range] = {}
-    hints = typing.get_type_hints(schema)
-    for f in fields(schema):
-        if is_dataclass(hints[f.name]):
-            out.update(ranges(hints[f.name], f"{prefix}{f.name}."))
-        elif "range" in f.metadata:
-            out[f"{prefix}{f.name}"] = f.metadata["range"]
-    return out
-
-
-# ----------------------------------------------------------------------------------- validate
+# ---------------------------------------------------------------------------------- checks
 
 def problems(cfg: DictConfig) -> list[str]:
-    """What ``validate`` rejects, one line each (empty when the configuration is fine).
+    """What the schema's types cannot reject, one line each (empty when the configuration is fine):
+    registry names, ``data.split``, the fields' ranges.
 
     Raises:
         ConfigError: On a value that cannot be read at all (an interpolation that does not resolve).
@@ -163,33 +112,17 @@ def problems(cfg: DictConfig) -> list[str]:
     return found
 
 
-def validate(cfg: DictConfig) -> None:
-    """Check the values that the schema's types cannot: registry names, ``data.split``, ranges.
-
-    ``load_config`` calls this on every configuration it builds (``evaluate.py``, ``train.py``,
-    the sweep), so a bad value fails before any data, model or W&B run is loaded, not after
-    minutes of work. (A closed vocabulary is the ``Literal`` type of its field: the merge itself
-    rejects another value, and ``load_config`` names it with these problems.)
-
-    Raises:
-        ConfigError: Naming each bad key, its value and what is allowed (one line).
-    """
-    found = problems(cfg)
-    if found:
-        raise ConfigError("; ".join(found))
-
-
-# ------------------------------------------------------------------------------ files, merging
+# ------------------------------------------------------------------------------------ merging
 
 def merge_layers(cfg: DictConfig, files: typing.Iterable[str | Path], overrides: typing.Iterable[str]) -> DictConfig:
     """``cfg`` (the schema's defaults) with each file, then each ``key=value`` override, merged on top.
 
     Raises:
         ConfigError: On the first unknown key or value of the wrong type (naming the file or the
-            override); else on every value outside its ``Literal`` set and every ``validate``
-            problem, all at once.
+            override); else on every value outside its ``Literal`` set and every one of
+            ``problems``, all at once.
     """
-    bad_choices = []  # named with validate's problems, so every bad value is named at once
+    bad_choices = []  # named with the other problems, so every bad value is named at once
 
     def merge(layer: DictConfig, where: str) -> DictConfig:
         try:
@@ -211,44 +144,6 @@ def merge_layers(cfg: DictConfig, files: typing.Iterable[str | Path], overrides:
     if found:
         raise ConfigError("; ".join(found))
     return cfg
-
-
-def read_yaml(path: str | Path) -> DictConfig:
-    """A config file as a mapping; a file that is not one is a one-line error naming it.
-
-    Raises:
-        ConfigError: Naming the file (and the line of a YAML syntax error) when it cannot be
-            read, is not YAML, or holds something other than a mapping of config keys.
-    """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read this config file ({err})") from None
-    try:
-        # Parsed once here for the checks (PyYAML reports the line); OmegaConf parses it again
-        # with its own loader, as before, for the values.
-        data = yaml.safe_load(text)
-        if data is None:  # empty, or only comments
-            return OmegaConf.create({})
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}:1: holds a YAML {type(data).__name__}, not a mapping of config keys "
-                              "(e.g. `eval:` and below it `  limit: 10`)")
-        return OmegaConf.load(path)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        what = " ".join(str(x) for x in (getattr(err, "context", None), getattr(err, "problem", None)) if x)
-        raise ConfigError(f"{where}: not valid YAML ({what or type(err).__name__})") from None
-
-
-def leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"a.b": value}`` of every leaf of a nested dict (not a dict: none)."""
-    if not isinstance(tree, dict):
-        return {}
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        out.update(leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
 
 
 def _valid_keys(node: Any, prefix: str = "") -> list[str]:
@@ -302,3 +197,35 @@ def _expected_type(schema: type, name: str) -> str | None:
     if len(args) == 1 and args[0] in _TYPE_WORDS and type(None) in typing.get_args(hint):
         return f"null or {_TYPE_WORDS[args[0]]}"
     return None
+
+
+# ------------------------------------------------------------------------------------ layering
+
+def load_config(overrides: list[str] | None = None, files: list[str | Path] = (), schema: type = Config) -> DictConfig:
+    """Build the configuration.
+
+    Args:
+        overrides: OmegaConf dotlist (``["data.name=mini-metaqa", "eval.limit=10"]``).
+        files: YAML files merged in order on top of the defaults.
+        schema: The dataclass describing valid keys.
+
+    Raises:
+        ConfigError: Naming the unknown key (with the list of valid ones), the file (and line,
+            for a file that is not a YAML mapping), or the value that does not fit its type or
+            its allowed values (its ``Literal`` type, ``problems``), every bad value at once.
+    """
+    return merge_layers(OmegaConf.structured(schema), files, overrides or [])
+
+
+def compose(schema: type = Config, *, ablation: str | None = None, files: Iterable[str | Path] = (),
+            overrides: Iterable[str] = ()) -> DictConfig:
+    """The configuration of a run, layered the one way every entry point, sweep task and on-demand
+    training does: the schema's defaults, its entry point's file (``configs/evaluate.yaml`` or
+    ``configs/train.yaml``), the ablation's delta file, ``files``, then ``key=value`` overrides.
+
+    Raises:
+        ConfigError: As ``load_config``, or for an unknown ablation.
+    """
+    delta = [ablation_file(ablation)] if ablation else []
+    defaults = CONFIG_DIR / ("train.yaml" if schema is TrainConfig else "evaluate.yaml")
+    return load_config(list(overrides), files=[defaults, *delta, *files], schema=schema)

@@ -1,7 +1,7 @@
 """The configuration schema: every key, its type, default, range and choices, declared once.
 
-``cbr2.config`` loads configurations against it (and re-exports ``Config`` and ``TrainConfig``);
-``cbr2._config_load`` reads the ranges declared here with ``bounded`` and words what fails.
+``cbr2.config.load`` composes configurations against it and checks the ranges declared here with
+``bounded`` (``cbr2.config.fields``); ``cbr2.config.reference`` writes docs/configuration.md from it.
 """
 
 from __future__ import annotations
@@ -9,7 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cbr2._config_load import bounded
+from cbr2.config.fields import bounded
+
+# Defaults of keys that both entry points' schemas declare: written once, so that ``train.py`` and
+# ``evaluate.py`` cannot disagree (evaluation looks up the retriever training exported).
+DEFAULT_DATA = "mini-kqapro"
+"""``data.name`` of both entry points: the embedded default."""
+CHECKPOINTS_DIR = "checkpoints"
+"""``structural.checkpoints_dir`` of both: where training exports and evaluation looks up."""
 
 # Closed vocabularies: the type of their field, so a value outside one fails as the config is
 # merged (``load_config`` names it with the valid values). The code that implements each keeps
@@ -19,7 +26,7 @@ CaseMode = Literal["dual", "semantic", "structural", "random", "none"]  # retrie
 IndexKind = Literal["flat", "hnsw", "ivf"]  # retrieval.index: cbr2.retrieval.index.INDEX_KINDS
 ExecutorEngine = Literal["cbr2", "kopl"]  # eval.executor: cbr2.kopl.executor.ENGINES
 StructuralLabel = Literal["seqmatch", "lcs"]  # structural.label: cbr2.structural.labels.LABELS
-WandbMode = Literal["online", "offline", "disabled"]  # wandb.mode: cbr2.evaluation.tracking.wandb_mode
+WandbMode = Literal["online", "offline", "disabled"]  # wandb.mode: cbr2.common.tracking.wandb_mode
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]  # llm.dtype: read by the hf and vllm backends
 
 
@@ -27,7 +34,7 @@ Dtype = Literal["auto", "float32", "bfloat16", "float16"]  # llm.dtype: read by 
 class DataConfig:
     """Which benchmark to read."""
 
-    name: str = "mini-kqapro"
+    name: str = DEFAULT_DATA
     """``mini-kqapro``, ``mini-metaqa``, ``kqapro`` or ``metaqa``."""
     root: str | None = None
     """Folder in the official layout; the embedded copy for ``mini-*`` when unset."""
@@ -139,7 +146,7 @@ class GenerationConfig:
     (``cbr2.generation.grounded``, needs ``retrieval.link``; the ``llamacpp``, ``vllm`` and ``openai``
     backends, docs/generation.md); a kind
     linking found nothing for is left to the grammar. Chosen on validation with linking and
-    masking (docs/cpu-default.md, "Grounded single pass")."""
+    masking (docs/results/cpu-default.md, "The grounded single pass chosen on validation")."""
     candidates: int = bounded(1, 1, 16)
     """Execution-guided choice under the grammar (the ``llamacpp`` and ``vllm`` backends): when the
     greedy program does not parse, type-check or execute to a non-empty answer, up to
@@ -213,7 +220,7 @@ class RetrievalConfig:
     link: bool = True
     """Link each question to the KB entities, concepts and values it names (``cbr2.retrieval.linking``):
     shown with every question of the prompt, their facts first among the K_f, the candidates of
-    grounded decoding (docs/cpu-default.md, "Grounded single pass"); ``--retrieval-only`` then
+    grounded decoding (docs/results/cpu-default.md, "The grounded single pass chosen on validation"); ``--retrieval-only`` then
     prints linking precision and recall."""
     mask_mentions: bool = True
     """Case retrieval (both views) compares questions with their linked entities and values replaced
@@ -227,7 +234,7 @@ class StructuralConfig:
 
     checkpoint: str | None = None
     """A folder ``SentenceTransformer(path)`` loads; the newest one trained on ``data.name`` when unset."""
-    checkpoints_dir: str = "checkpoints"
+    checkpoints_dir: str = CHECKPOINTS_DIR
     """Where ``train.py`` exports retrievers and where the newest is looked up."""
 
 
@@ -267,7 +274,7 @@ class Config:
 class TrainDataConfig:
     """Which benchmark's training split the structural retriever learns from."""
 
-    name: str = "mini-kqapro"
+    name: str = DEFAULT_DATA
     """``mini-kqapro``, ``mini-metaqa``, ``kqapro`` or ``metaqa``."""
     root: str | None = None
     """Folder in the official layout; the embedded copy for ``mini-*`` when unset."""
@@ -303,7 +310,7 @@ class StructuralTrainConfig:
     """Share of the steps with linear warm-up."""
     max_seq_length: int = bounded(64, 1)
     """Question tokens the encoder reads."""
-    checkpoints_dir: str = "checkpoints"
+    checkpoints_dir: str = CHECKPOINTS_DIR
     """Where the best model is exported as a sentence-transformers folder."""
 
 

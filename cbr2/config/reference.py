@@ -1,11 +1,11 @@
-"""``docs/configuration.md``, generated from the schema (``cbr2.config_schema``): every key of
+"""``docs/configuration.md``, generated from the schema (``cbr2.config.schema``): every key of
 ``evaluate.py`` and ``train.py`` with its type, default, accepted values and meaning.
 
 The page is written from the dataclasses and their attribute docstrings, never by hand, so it
 cannot drift from what the code reads; ``tests/test_config_defaults.py`` checks that the
 committed page is the one this module writes. Regenerate with::
 
-    python -m cbr2.config_reference > docs/configuration.md
+    python -m cbr2.config.reference > docs/configuration.md
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import inspect
 import typing
 from typing import Any
 
-from cbr2 import config_schema
-from cbr2.config_schema import Config, TrainConfig
+from cbr2.config import schema as config_schema
+from cbr2.config.schema import Config, TrainConfig
 
 SCHEMAS = (("evaluate.py", Config), ("train.py", TrainConfig))
 """The entry points and the schema each reads."""
@@ -76,7 +76,7 @@ def reference() -> str:
     """The Markdown of ``docs/configuration.md``."""
     docs = _docstrings()
     lines = ["# Configuration", "",
-             "Generated from `cbr2/config_schema.py` by `python -m cbr2.config_reference` (do not edit by hand).",
+             "Generated from `cbr2/config/schema.py` by `python -m cbr2.config.reference` (do not edit by hand).",
              "Every key is an OmegaConf override (`key=value`); `configs/*.yaml` hold only what differs from",
              "these defaults, and an unknown key or a value outside its range fails before anything runs."]
     for entry, schema in SCHEMAS:
