@@ -17,7 +17,8 @@ Prints texts per second for each, the speed ratio to torch, and the mean top-10 
 questions (knowledge retrieval) and questions by questions (case retrieval). With
 ``--structural``, the same for a trained structural retriever's questions. Also prints how many
 of the KB's fact texts and the questions repeat (what deduplication saves). Timings are only
-meaningful on otherwise idle cores; ``--threads`` sets torch's and ONNX Runtime's threads.
+meaningful on otherwise idle cores; ``--threads`` sets torch's and ONNX Runtime's threads. Run it
+from the checkout's root with ``PYTHONPATH=.`` when another checkout is installed editable.
 """
 
 from __future__ import annotations
@@ -137,8 +138,8 @@ def main() -> None:
           f"{'top-10 overlap facts':>21s} {'cases':>6s}")
     for r in rows:
         print(f"{r['encoder'][-42:]:42s} {r['backend']:10s} {_fmt(r['facts_per_s'], '9.0f')} "
-              f"{_fmt(r['questions_per_s'], '12.0f')} {_fmt(r.get('speedup'), '7.2f')}x "
-              f"{_fmt(r.get('overlap_facts'), '21.3f')} {_fmt(r.get('overlap_cases'), '6.3f')}")
+              f"{_fmt(r['questions_per_s'], '12.0f')} {_fmt(r.get('speedup'), '7.2f') + 'x':>8s} "
+              f"{_fmt(r.get('overlap_facts'), '21.3f'):>21s} {_fmt(r.get('overlap_cases'), '6.3f'):>6s}")
 
 
 if __name__ == "__main__":

@@ -160,9 +160,11 @@ def encode(model: SentenceTransformer | OnnxEncoder, texts: Sequence[str], batch
            progress: bool | None = None) -> np.ndarray:
     """Unit-length float32 embeddings, one row per text (inner product = cosine).
 
-    A text that occurs more than once is encoded once and its row repeated: KB fact texts
-    repeat (the same value of one key on several entities with the same name, relation facts
-    stored on both ends), and an embedding does not depend on how often its text occurs.
+    A text that occurs more than once is encoded once and its row repeated. Masked case
+    questions (``retrieval.mask_mentions``) repeat: mini-metaqa's 1,500 training questions are
+    333 distinct texts masked, mini-kqapro's 2,000 are 1,876; KQA Pro's fact texts do not
+    (mini-kqapro's and the synthetic full-size KB's are all distinct), where it costs one
+    dictionary pass.
 
     Args:
         model: A loaded encoder (``load_encoder``).
