@@ -56,8 +56,8 @@ MAX_EXPORT_ERROR = 1e-3
 """Largest difference allowed between an fp32 export's embeddings and torch's on the check texts."""
 
 _CHECK_TEXTS = ("a", "Which city is the capital of Australia?", "Marie Curie | date of birth | 1867-11-07",
-                "How many films directed by someone born in the same year as the director of the film "
-                "that won the award for best picture have a running time longer than two hours?")
+                ("How many films directed by someone born in the same year as the director of the film "
+                 "that won the award for best picture have a running time longer than two hours?"))
 """Texts of different lengths, encoded in one padded batch by both engines after an export."""
 
 
