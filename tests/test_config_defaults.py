@@ -18,6 +18,7 @@ from cbr2.config.files import leaves
 from cbr2.config.schema import (
     CaseMode,
     Config,
+    EncoderBackend,
     ExecutorEngine,
     IndexKind,
     ProgramFormat,
@@ -85,12 +86,13 @@ def test_the_paper_overlay_loads_and_sets_only_schema_keys():
 def test_each_choice_type_is_the_set_of_the_code_that_reads_it():
     from cbr2.kopl.executor import ENGINES
     from cbr2.kopl.text import FORMATS
+    from cbr2.retrieval.encoders import BACKENDS
     from cbr2.retrieval.index import INDEX_KINDS
     from cbr2.retrieval.retriever import CASE_MODES
     from cbr2.structural.labels import LABELS
 
     pairs = [(ProgramFormat, FORMATS), (CaseMode, CASE_MODES), (IndexKind, INDEX_KINDS), (ExecutorEngine, ENGINES),
-             (StructuralLabel, LABELS)]
+             (StructuralLabel, LABELS), (EncoderBackend, BACKENDS)]
     for literal, table in pairs:
         assert typing.get_args(literal) == tuple(table), (literal, table)
 

@@ -35,7 +35,10 @@ def test_the_gpu_install_gets_no_faiss_cpu_and_fits_vllms_xgrammar():
     extras = {k: [Requirement(r) for r in v] for k, v in project["optional-dependencies"].items()}
     # faiss-cpu and faiss-gpu-cu12 install the same module: only the CPU extra brings the CPU build.
     assert not any(Requirement(r).name.startswith("faiss") for r in project["dependencies"])
-    assert [r.name for r in extras["cpu"]] == ["faiss-cpu"]
+    assert [r.name for r in extras["cpu"] if r.name.startswith("faiss")] == ["faiss-cpu"]
+    # ONNX Runtime (the CPU encoder backend) comes with the CPU extra only; a GPU node encodes with torch.
+    assert {"onnxruntime", "onnx"} <= {r.name for r in extras["cpu"]}
+    assert not {r.name for r in extras["gpu"]} & {"onnxruntime", "onnx"}
     assert {r.name for r in extras["gpu"]} == {"vllm", "faiss-gpu-cu12"}
     assert str(next(r for r in extras["gpu"] if r.name == "vllm").specifier) == str(extras["vllm"][0].specifier)
     assert "0.2.8" in extras["constrained"][0].specifier  # vLLM 0.32 and 0.33 pin xgrammar 0.2.8

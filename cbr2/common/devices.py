@@ -3,7 +3,8 @@
 ``evaluate.py``, ``train.py`` and each sweep task call :func:`check_devices` first: a GPU asked
 for where torch sees none (``retrieval.device=cuda``, which also places the encoders;
 ``llm.device=cuda`` for ``hf``; ``llm.backend=vllm`` without vLLM's CPU build; a GPU
-``trainer.accelerator``), or GPU retrieval where the installed FAISS has no GPU, is a
+``trainer.accelerator``), GPU retrieval where the installed FAISS has no GPU, or a CPU-only
+encoder backend (``retrieval.encoder_backend=onnx``) where the encoders would be on a GPU, is a
 :class:`~cbr2.common.errors.SetupError` in one line, before the data is read, rather than a
 torch traceback after it or an index left on the CPU without a word. ``auto`` never fails: it
 takes what is there, and the log says which FAISS build that is and how many GPUs it sees.
@@ -88,6 +89,20 @@ def _check_gpu(key: str, device: Any, dev: Devices) -> None:
         raise SetupError(f"{key}={device}: torch sees {dev.cuda} GPU(s), numbered 0..{dev.cuda - 1}")
 
 
+CPU_ONLY_ENCODER_BACKENDS = ("onnx", "onnx-int8")
+"""``retrieval.encoder_backend`` values that run on the CPU only (``cbr2.retrieval.onnx_backend``)."""
+
+
+def _check_encoder_backend(retrieval: Any, dev: Devices) -> None:
+    """A CPU-only encoder backend with the encoders on a GPU (asked for, or ``auto`` where one is seen)."""
+    backend = str(getattr(retrieval, "encoder_backend", "auto"))
+    device = str(retrieval.device)
+    if backend in CPU_ONLY_ENCODER_BACKENDS and (wants_gpu(device) or (device == "auto" and dev.cuda)):
+        raise SetupError(f"retrieval.encoder_backend={backend} runs on the CPU only, but retrieval.device={device} "
+                         f"places the encoders on a GPU here: set retrieval.encoder_backend=torch (or auto), "
+                         "or retrieval.device=cpu")
+
+
 def check_devices(cfg: Any, llm: bool = True, dev: Devices | None = None) -> Devices:
     """Fail at start, in one line, on a GPU the run asks for and cannot have; log what it gets.
 
@@ -114,6 +129,7 @@ def check_devices(cfg: Any, llm: bool = True, dev: Devices | None = None) -> Dev
             raise SetupError(f"retrieval.device={retrieval.device} asks for GPU retrieval, but the installed FAISS is "
                              f"{why} (faiss-cpu shadows faiss-gpu-cu12 when both are installed): {GPU_INSTALL}, "
                              "or set retrieval.device=auto")
+        _check_encoder_backend(retrieval, dev)
         if str(retrieval.device) == "auto" and dev.cuda and not dev.faiss_gpus:
             log.warning("retrieval: the encoders run on the GPU but FAISS searches on the CPU (%s build); "
                         "%s puts the indexes on the GPUs", dev.faiss_build, GPU_INSTALL)

@@ -24,6 +24,7 @@ CHECKPOINTS_DIR = "checkpoints"
 ProgramFormat = Literal["dag", "chain"]  # prompt.format: cbr2.kopl.text.FORMATS
 CaseMode = Literal["dual", "semantic", "structural", "random", "none"]  # retrieval.cases: retriever.CASE_MODES
 IndexKind = Literal["flat", "hnsw", "ivf"]  # retrieval.index: cbr2.retrieval.index.INDEX_KINDS
+EncoderBackend = Literal["auto", "torch", "onnx", "onnx-int8"]  # retrieval.encoder_backend: encoders.BACKENDS
 ExecutorEngine = Literal["cbr2", "kopl"]  # eval.executor: cbr2.kopl.executor.ENGINES
 StructuralLabel = Literal["seqmatch", "lcs"]  # structural.label: cbr2.structural.labels.LABELS
 WandbMode = Literal["online", "offline", "disabled"]  # wandb.mode: cbr2.common.tracking.wandb_mode
@@ -199,6 +200,14 @@ class RetrievalConfig:
     """Encoder of triples and of semantic cases; the paper uses ``BAAI/bge-m3`` (GPU nodes)."""
     device: str = "auto"
     """``auto`` (CUDA when visible), ``cpu``, ``cuda``, ``cuda:1`` ..."""
+    encoder_backend: EncoderBackend = "auto"
+    """What runs the encoders (both the semantic encoder and the structural retriever): ``torch``;
+    ``onnx``, ONNX Runtime on the CPU from a graph exported once from the same weights (the same
+    embeddings to float rounding, faster on CPUs); ``onnx-int8``, the same with 8-bit weights
+    (faster still, approximate: its searches differ from torch's); ``auto``, ``onnx`` when the
+    encoders run on the CPU and ONNX Runtime is installed, else ``torch``. The ONNX backends run
+    on the CPU only: with a GPU device they stop the run at start. Embeddings of different
+    backends are cached apart (``benchmarks/encoding.py`` compares their speed and searches)."""
     batch_size: int = bounded(64, 1)
     """Texts per encoder forward pass."""
     index: IndexKind = "flat"

@@ -277,7 +277,7 @@ def build_canonicalizer(cfg: DictConfig, bench: Benchmark, store: EmbeddingStore
     from cbr2.retrieval.encoders import encode, load_encoder, pick_device, weights_fingerprint
 
     rc = cfg.retrieval
-    model = load_encoder(rc.encoder, pick_device(rc.device))
+    model = load_encoder(rc.encoder, pick_device(rc.device), rc.encoder_backend, rc.cache_dir)
     store = store or EmbeddingStore(cache_root(rc.cache_dir))
     fingerprint = weights_fingerprint(model)
 

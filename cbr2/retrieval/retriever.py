@@ -82,7 +82,7 @@ def check_retrieval_config(cfg: DictConfig) -> None:
         OSError: When ``retrieval.encoder`` cannot be loaded (it is then cached for later use).
     """
     if cfg.k_ontology > 0 or cfg.k_facts > 0 or "semantic" in CASE_MODES[cfg.cases]:
-        load_encoder(cfg.encoder, pick_device(cfg.device))
+        load_encoder(cfg.encoder, pick_device(cfg.device), cfg.encoder_backend, cfg.cache_dir)
 
 
 class Retriever:
@@ -116,9 +116,11 @@ class Retriever:
                             "{1,2,3}-hop/qa_train_qtype.txt); see python -m cbr2.data check")
         self.encoders: dict[str, tuple[str, object]] = {}
         if cfg.k_ontology > 0 or cfg.k_facts > 0 or "semantic" in self.views:
-            self.encoders["semantic"] = (cfg.encoder, load_encoder(cfg.encoder, device))
+            self.encoders["semantic"] = (cfg.encoder, load_encoder(cfg.encoder, device, cfg.encoder_backend,
+                                                                    cfg.cache_dir))
         if "structural" in self.views:
-            self.encoders["structural"] = (structural, load_encoder(structural, device))
+            self.encoders["structural"] = (structural, load_encoder(structural, device, cfg.encoder_backend,
+                                                                    cfg.cache_dir))
         self.knowledge = None
         if cfg.k_ontology > 0 or cfg.k_facts > 0:
             name, model = self.encoders["semantic"]
