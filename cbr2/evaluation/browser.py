@@ -5,10 +5,16 @@ flipped between runs.
 
 Every evaluation and shard merge writes ``browser.html`` beside ``report.md``; ``python -m
 cbr2.evaluation.compare RUN_A RUN_B ...`` writes ``compare.html`` beside ``ablation.md``. Both are one file
-each: the data embedded as JSON in a ``<script type="application/json">`` block, vanilla JS and
+each: the data embedded as JSON in ``<script type="application/json">`` blocks, vanilla JS and
 inline CSS, no URL outside the folder, so they work from ``file://`` with no server and no network.
 The JS and CSS are package data in ``browser_assets/`` (``common.js`` then ``browser.js`` or
 ``compare.js``, ``browser.css``), inlined into each page.
+
+``browser.html`` splits its data (``page_blocks``) so that opening it costs little more at 10,000
+questions than at 100: the block before the script holds what the rows and filters need (a few
+fields per question); each question's details (answers, programs, generated text, triples, cases)
+sit in one of the blocks after the script, ``CHUNK`` questions each, parsed when one of their
+questions is opened or a search needs them.
 
 Generated text is untrusted: the JSON block escapes ``<``, ``>`` and ``&`` (no text can close the
 script), and the page renders every string as a text node, never as markup.
@@ -48,6 +54,13 @@ DROPPED_FIELDS = ("generation_key",)
 
 MAX_VALUES = 50
 """Executed values kept per question (a MetaQA answer set can be long)."""
+
+SUMMARY_FIELDS = ("id", "question", "category", "verdict", "kind", "class")
+"""A question's fields in the block parsed at load: what its row shows and the filters test."""
+
+CHUNK = 200
+"""Questions per details block of ``browser.html``: opening a question parses one block (a few
+hundred kB at KQA Pro's sizes), not the whole run's data."""
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -257,12 +270,64 @@ def embed_json(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _page(title: str, data: Any, script: str) -> str:
-    """The page around the asset ``script`` (run after ``common.js``). Its Content-Security-Policy
-    allows that one script (by hash), inline styles and nothing else: no network, no other script,
-    no inline event handler, even if some text ever reached the page as markup."""
+def page_blocks(data: dict[str, Any], chunk: int = CHUNK) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """:func:`browser_data` as ``browser.html`` embeds it: a light part, parsed at load, and the
+    questions' details in blocks parsed on demand.
+
+    Each block interns its own triples and holds its own cases, so one block is enough to show any
+    of its questions (a triple or case shared by questions of several blocks is stored in each).
+
+    Args:
+        data: :func:`browser_data`'s structure.
+        chunk: Questions per block.
+
+    Returns:
+        ``(head, blocks)``. ``head`` is ``data`` without ``strings`` and ``cases``, with each
+        question cut to ``SUMMARY_FIELDS`` and ``chunk`` set to the block size. Block ``k`` is
+        ``{"strings", "cases", "questions"}``: the other fields of questions ``k * chunk`` to
+        ``(k + 1) * chunk - 1``, in order, their ``retrieval`` and cases pointing into that block's
+        ``strings`` and ``cases``.
+    """
+    table, all_cases = data["strings"], data["cases"]
+    head = {k: v for k, v in data.items() if k not in ("strings", "cases", "questions")}
+    head["chunk"] = chunk
+    head["questions"] = [{k: q.get(k) for k in SUMMARY_FIELDS} for q in data["questions"]]
+    blocks = []
+    for start in range(0, len(data["questions"]), chunk):
+        strings = _Strings()
+        cases: dict[str, dict[str, Any]] = {}
+
+        def local(knowledge: dict[str, Any]) -> dict[str, Any]:
+            return {k: strings.ids([table[i] for i in knowledge[k]]) for k in ("ontology", "facts")}  # noqa: B023
+
+        details = []
+        for q in data["questions"][start: start + chunk]:
+            detail = {k: v for k, v in q.items() if k not in SUMMARY_FIELDS}
+            ret = q.get("retrieval")
+            if ret is not None:
+                hits = []
+                for cid, views, scores, *own in ret["cases"]:
+                    if cid not in cases:
+                        cases[cid] = {**all_cases[cid], **local(all_cases[cid])}
+                    hits.append([cid, views, scores, *(local(k) for k in own)])
+                detail["retrieval"] = {**local(ret), "cases": hits}
+            details.append(detail)
+        blocks.append({"strings": strings.table, "cases": cases, "questions": details})
+    return head, blocks
+
+
+def _page(title: str, data: Any, script: str, blocks: Sequence[Any] = ()) -> str:
+    """The page around the asset ``script`` (run after ``common.js``), with ``data`` in the block
+    ``data`` before the script and each of ``blocks`` in a block ``data-K`` after it (the script
+    runs before those are parsed, so it must wait for them: ``DOMContentLoaded``).
+
+    Its Content-Security-Policy allows that one script (by hash), inline styles and nothing else:
+    no network, no other script, no inline event handler, even if some text ever reached the page
+    as markup."""
     code = asset("common.js") + asset(script)
     digest = base64.b64encode(hashlib.sha256(code.encode("utf-8")).digest()).decode("ascii")
+    later = "".join(f'<script type="application/json" id="data-{k}">{embed_json(block)}</script>\n'
+                    for k, block in enumerate(blocks))
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -277,14 +342,15 @@ def _page(title: str, data: Any, script: str) -> str:
 <div id="app"></div>
 <script type="application/json" id="data">{embed_json(data)}</script>
 <script>{code}</script>
-</body>
+{later}</body>
 </html>
 """
 
 
 def render_browser(data: dict[str, Any]) -> str:
-    """``browser.html`` for :func:`browser_data`'s structure."""
-    return _page(f"{data['title']} · run browser", data, "browser.js")
+    """``browser.html`` for :func:`browser_data`'s structure (split by :func:`page_blocks`)."""
+    head, blocks = page_blocks(data)
+    return _page(f"{data['title']} · run browser", head, "browser.js", blocks)
 
 
 def write_browser(run_dir: str | Path, bench: Any = None, records: Sequence[dict[str, Any]] | None = None,
