@@ -75,21 +75,21 @@ def embedded(page: str):
 
 def browser_page(page: str):
     """What browser.html's script reads: each question whole (its row's fields joined with its
-    details from block ``data-K``), and the details blocks, in order."""
+    details from block ``data-K``), with the triples and cases of block ``data-0``."""
     head = embedded(page)
     found = re.findall(r'<script type="application/json" id="data-(\d+)">(.*?)</script>', page, re.DOTALL)
     assert [int(k) for k, _ in found] == list(range(len(found)))
-    blocks = [json.loads(text) for _, text in found]
+    tables, *details = [json.loads(text) for _, text in found]
     size = head["chunk"]
-    questions = [{**q, **blocks[i // size]["questions"][i % size]} for i, q in enumerate(head["questions"])]
-    return {**head, "questions": questions}, blocks
+    questions = [{**q, **details[i // size][i % size]} for i, q in enumerate(head["questions"])]
+    return {**head, **tables, "questions": questions}
 
 
 def test_page_is_self_contained_and_holds_every_question(run):
     path = write_browser(run)
     assert path == run / "browser.html"
     page = path.read_text(encoding="utf-8")
-    data, (block,) = browser_page(page)
+    data = browser_page(page)
     assert [q["id"] for q in data["questions"]] == ["val-1", "val-2", "val-3", "val-4", "val-9"]
     by_id = {q["id"]: q for q in data["questions"]}
     assert (by_id["val-1"]["verdict"], by_id["val-2"]["kind"], by_id["val-9"]["verdict"]) == ("right", "wrong", "n/a")
@@ -97,7 +97,7 @@ def test_page_is_self_contained_and_holds_every_question(run):
     assert by_id["val-4"]["category"] == "unknown" and by_id["val-4"]["retrieval"] is None
     hit = by_id["val-1"]["retrieval"]["cases"][0]
     assert hit[:3] == ["train-7", ["semantic", "structural"], [0.91, 0.5]]
-    assert block["strings"][block["cases"]["train-7"]["facts"][0]] == f"Paris | note | {HOSTILE}"
+    assert data["strings"][data["cases"]["train-7"]["facts"][0]] == f"Paris | note | {HOSTILE}"
     assert "generation_key" not in by_id["val-1"]
     # No network: no URL at all, no external src/href; one page, no other file to fetch.
     assert "http://" not in page and "https://" not in page
@@ -107,9 +107,9 @@ def test_page_is_self_contained_and_holds_every_question(run):
 
 def test_hostile_text_stays_inert(run):
     page = write_browser(run).read_text(encoding="utf-8")
-    # The data cannot end its script block: only the page's own scripts close (data, code, one details block).
-    assert page.count("</script>") == 3 and HOSTILE not in page and "<img" not in page
-    data, _ = browser_page(page)
+    # The data cannot end its script block: only the page's own scripts close (rows, code, triples, details).
+    assert page.count("</script>") == 4 and HOSTILE not in page and "<img" not in page
+    data = browser_page(page)
     hostile = next(q for q in data["questions"] if q["id"] == "val-3")
     assert hostile["generated"] == HOSTILE and hostile["error"]["message"] == HOSTILE
     # The code never parses data as markup ...
@@ -122,50 +122,23 @@ def test_hostile_text_stays_inert(run):
     assert f"script-src 'sha256-{digest}'" in csp and "default-src 'none'" in csp
 
 
-def resolved(q, strings, cases):
-    """A question with its retrieval as text: triples as strings, each case with its question and triples."""
-    r = q.get("retrieval")
-    if r is None:
-        return q
-    hits = []
-    for cid, views, scores, *own in r["cases"]:
-        knowledge = own[0] if own else cases[cid]
-        hits.append([cid, views, scores, cases[cid].get("question"),
-                     [strings[i] for i in knowledge["ontology"]], [strings[i] for i in knowledge["facts"]]])
-    return {**q, "retrieval": {"ontology": [strings[i] for i in r["ontology"]],
-                               "facts": [strings[i] for i in r["facts"]], "cases": hits}}
-
-
-def test_details_blocks_hold_each_question_whole(tmp_path):
-    """Split in blocks of 2, each question reads back as browser_data has it from its row and its
-    own block alone, triples and cases shared across blocks included; the rows' part holds no details."""
-    shared = "city | has attribute | population (quantity)"
-
-    def case(j, facts=None):
-        return {"id": f"train-{j}", "views": ["semantic"], "scores": [0.5], "ontology": [shared],
-                "facts": facts or [f"fact of train-{j}"]}
-
-    retrieval = [{"id": f"val-{i}", "ontology": [shared], "facts": [f"fact {i}", "Paris | population | 2102650"],
-                  "cases": [case(i % 2), case(2, facts=[f"other {i}"] if i == 4 else None)]}
-                 for i in range(5) if i != 3]
-    run = write_run(tmp_path / "run", [prediction(f"val-{i}", "Count", i % 2 == 0, kind="wrong") for i in range(5)],
-                    retrieval)
+def test_the_first_block_holds_the_rows_only_and_the_others_every_detail(run):
+    """Split in blocks of 2, the part parsed at load has each question's row fields and no details;
+    each question reads back whole from its row and its own details block, as browser_data has it."""
     data = browser_data(run)
-    head, blocks = page_blocks(data, chunk=2)
-    assert [len(b["questions"]) for b in blocks] == [2, 2, 1]
+    head, (tables, *details) = page_blocks(data, chunk=2)
+    assert [len(d) for d in details] == [2, 2, 1]
+    assert tables == {"strings": data["strings"], "cases": data["cases"]}
     assert "strings" not in head and "cases" not in head and head["chunk"] == 2
-    assert all(tuple(q) == SUMMARY_FIELDS for q in head["questions"])
+    assert all(set(q) <= set(SUMMARY_FIELDS) for q in head["questions"])
     assert {k: v for k, v in head.items() if k not in ("questions", "chunk")} == \
         {k: v for k, v in data.items() if k not in ("questions", "strings", "cases")}
     for i, (q, row) in enumerate(zip(data["questions"], head["questions"], strict=True)):
-        b = blocks[i // 2]
-        whole = {**row, **b["questions"][i % 2]}
-        assert resolved(whole, b["strings"], b["cases"]) == resolved(q, data["strings"], data["cases"])
-    assert data["questions"][4]["retrieval"]["cases"][1][3:]  # train-2 with its own triples there: covered
+        assert {**row, **details[i // 2][i % 2]} == q
 
-    # The page: the rows' part before the script, the details blocks after it, in order.
+    # The page: the rows' part before the script, the rest after it.
     page = write_browser(run).read_text(encoding="utf-8")
-    assert page.index('id="data"') < page.index("<script>") < page.index('id="data-0"')
+    assert page.index('id="data"') < page.index("<script>") < page.index('id="data-0"') < page.index('id="data-1"')
 
 
 def test_embed_json_round_trips_what_could_break_a_script_block():
@@ -209,7 +182,7 @@ def test_every_evaluation_writes_its_browser(tmp_path):
     overrides = ["llm.backend=gold", "eval.per_category=null", "wandb.mode=disabled", "generation.constrained=false",
                  "retrieval.cases=none", "retrieval.k_ontology=0", "retrieval.k_facts=0", "eval.limit=12"]
     run_evaluation(load_config([f"output_dir={tmp_path / 'run'}", *overrides]))
-    data, _ = browser_page((tmp_path / "run" / "browser.html").read_text(encoding="utf-8"))
+    data = browser_page((tmp_path / "run" / "browser.html").read_text(encoding="utf-8"))
     assert len(data["questions"]) == 12 and all(q["verdict"] == "right" for q in data["questions"])
     # The --show-prompt index of each question is its position in the selection.
     assert [q["index"] for q in data["questions"]] == list(range(12))

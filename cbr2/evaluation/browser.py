@@ -10,11 +10,11 @@ inline CSS, no URL outside the folder, so they work from ``file://`` with no ser
 The JS and CSS are package data in ``browser_assets/`` (``common.js`` then ``browser.js`` or
 ``compare.js``, ``browser.css``), inlined into each page.
 
-``browser.html`` splits its data (``page_blocks``) so that opening it costs little more at 10,000
-questions than at 100: the block before the script holds what the rows and filters need (a few
-fields per question); each question's details (answers, programs, generated text, triples, cases)
-sit in one of the blocks after the script, ``CHUNK`` questions each, parsed when one of their
-questions is opened or a search needs them.
+``browser.html`` splits its data (``page_blocks``) so that its first page costs little more at
+10,000 questions than at 100: the block before the script holds what the rows and filters need (a
+few fields per question); the blocks after it hold the questions' details (answers, programs,
+generated text; ``CHUNK`` questions a block) and the run's triples and cases, and are parsed when
+a question is opened (its block and the triples') or a search needs them (every block).
 
 Generated text is untrusted: the JSON block escapes ``<``, ``>`` and ``&`` (no text can close the
 script), and the page renders every string as a text node, never as markup.
@@ -270,50 +270,27 @@ def embed_json(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def page_blocks(data: dict[str, Any], chunk: int = CHUNK) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """:func:`browser_data` as ``browser.html`` embeds it: a light part, parsed at load, and the
-    questions' details in blocks parsed on demand.
-
-    Each block interns its own triples and holds its own cases, so one block is enough to show any
-    of its questions (a triple or case shared by questions of several blocks is stored in each).
+def page_blocks(data: dict[str, Any], chunk: int = CHUNK) -> tuple[dict[str, Any], list[Any]]:
+    """:func:`browser_data` as ``browser.html`` embeds it: a light part, parsed at load, and blocks
+    parsed on demand.
 
     Args:
         data: :func:`browser_data`'s structure.
-        chunk: Questions per block.
+        chunk: Questions per details block.
 
     Returns:
-        ``(head, blocks)``. ``head`` is ``data`` without ``strings`` and ``cases``, with each
-        question cut to ``SUMMARY_FIELDS`` and ``chunk`` set to the block size. Block ``k`` is
-        ``{"strings", "cases", "questions"}``: the other fields of questions ``k * chunk`` to
-        ``(k + 1) * chunk - 1``, in order, their ``retrieval`` and cases pointing into that block's
-        ``strings`` and ``cases``.
+        ``(head, blocks)``. ``head`` is ``data`` without ``strings`` and ``cases``, each question
+        cut to ``SUMMARY_FIELDS``, and ``chunk``. ``blocks[0]`` is ``{"strings", "cases"}`` (the
+        run's interned triples and its cases, as in ``data``: each stored once); block ``k + 1``
+        lists the other fields of questions ``k * chunk`` to ``(k + 1) * chunk - 1``, in order.
     """
-    table, all_cases = data["strings"], data["cases"]
     head = {k: v for k, v in data.items() if k not in ("strings", "cases", "questions")}
     head["chunk"] = chunk
-    head["questions"] = [{k: q.get(k) for k in SUMMARY_FIELDS} for q in data["questions"]]
-    blocks = []
-    for start in range(0, len(data["questions"]), chunk):
-        strings = _Strings()
-        cases: dict[str, dict[str, Any]] = {}
-
-        def local(knowledge: dict[str, Any]) -> dict[str, Any]:
-            return {k: strings.ids([table[i] for i in knowledge[k]]) for k in ("ontology", "facts")}  # noqa: B023
-
-        details = []
-        for q in data["questions"][start: start + chunk]:
-            detail = {k: v for k, v in q.items() if k not in SUMMARY_FIELDS}
-            ret = q.get("retrieval")
-            if ret is not None:
-                hits = []
-                for cid, views, scores, *own in ret["cases"]:
-                    if cid not in cases:
-                        cases[cid] = {**all_cases[cid], **local(all_cases[cid])}
-                    hits.append([cid, views, scores, *(local(k) for k in own)])
-                detail["retrieval"] = {**local(ret), "cases": hits}
-            details.append(detail)
-        blocks.append({"strings": strings.table, "cases": cases, "questions": details})
-    return head, blocks
+    questions = data["questions"]
+    head["questions"] = [{k: q[k] for k in SUMMARY_FIELDS if k in q} for q in questions]
+    details = [{k: v for k, v in q.items() if k not in SUMMARY_FIELDS} for q in questions]
+    return head, [{"strings": data["strings"], "cases": data["cases"]},
+                  *(details[start: start + chunk] for start in range(0, len(details), chunk))]
 
 
 def _page(title: str, data: Any, script: str, blocks: Sequence[Any] = ()) -> str:

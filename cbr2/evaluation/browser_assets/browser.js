@@ -1,21 +1,20 @@
-// DATA holds each question's row (id, question, category, verdict, kind, class); the rest of a
-// question sits in block "data-K" (K = its index / DATA.chunk) after this script, parsed only when
-// one of its questions is opened or searched: the first page costs the same at 100 or 10,000
-// questions. Those blocks are parsed after this script has run, hence whenParsed.
+// DATA holds each question's row (id, question, category, verdict, kind, class). The rest sits in
+// the blocks after this script, parsed only when needed, so the first page costs about the same at
+// 100 or 10,000 questions: "data-0" the run's triples and cases (for an open question), "data-K"
+// the details of questions (K - 1) * DATA.chunk onwards. The document's parser reaches those
+// blocks after this script has run, hence whenParsed.
 const Q = DATA.questions, CHUNK = DATA.chunk;
 const blocks = [];
 function whenParsed(fn) {
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", fn, {once: true});
   else fn();
 }
-function block(i) {
-  const k = Math.floor(i / CHUNK);
+function block(k) {
   if (!blocks[k]) blocks[k] = JSON.parse(document.getElementById("data-" + k).textContent);
   return blocks[k];
 }
-function detail(i) {  // [the whole question, its block's strings and cases]
-  const b = block(i);
-  return [Object.assign({}, Q[i], b.questions[i % CHUNK]), b];
+function detail(i) {  // the whole question
+  return Object.assign({}, Q[i], block(1 + Math.floor(i / CHUNK))[i % CHUNK]);
 }
 const FILTERS = [["category", "category", "category"], ["correct", "correct", "verdict"],
                  ["kind", "error kind", "kind"], ["class", "error class", "class"]];
@@ -30,13 +29,14 @@ function header() {
             el("p", {class: "summary"}, bits.join(" · "), " · ", el("a", {href: "report.md"}, "report.md")));
 }
 
-function triples(S, ids, what) {
+function triples(ids, what) {
+  const S = block(0).strings;
   if (!ids || !ids.length) return el("div", {class: "note"}, "no " + what);
   return el("ol", {class: "triples"}, ids.map(i => el("li", {}, S[i])));
 }
 
-function caseBlock(b, hit, rank) {
-  const [cid, views, scores, own] = hit, c = b.cases[cid] || {}, k = own || c, S = b.strings;
+function caseBlock(hit, rank) {
+  const [cid, views, scores, own] = hit, c = block(0).cases[cid] || {}, k = own || c;
   const found = views.map((v, i) => v + (typeof scores[i] === "number" ? " " + scores[i].toFixed(3) : "")).join(", ");
   const d = el("details", {class: "case"},
     el("summary", {}, rank + 1 + ". ", el("span", {class: "qid"}, cid), " ", el("span", {class: "score"}, found), " ",
@@ -45,14 +45,14 @@ function caseBlock(b, hit, rank) {
     if (!d.open || d.dataset.built) return;
     d.dataset.built = "1";
     d.append(code(c.program, "program not known (the benchmark could not be loaded)"),
-             el("h3", {}, "its ontology triples"), triples(S, k.ontology, "ontology triples"),
-             el("h3", {}, "its fact triples"), triples(S, k.facts, "fact triples"));
+             el("h3", {}, "its ontology triples"), triples(k.ontology, "ontology triples"),
+             el("h3", {}, "its fact triples"), triples(k.facts, "fact triples"));
   });
   return d;
 }
 
 function body(i) {
-  const [q, b] = detail(i), a = q.analysis, parts = [];
+  const q = detail(i), a = q.analysis, parts = [];
   parts.push(el("div", {class: "grid"},
     el("div", {}, el("h3", {}, "gold"), kv("answer", q.gold_answer), code(q.gold_program, "no gold program")),
     el("div", {}, el("h3", {}, "prediction"),
@@ -85,10 +85,10 @@ function body(i) {
       DATA.has_retrieval ? "no retrieval record for this question" : "this run wrote no retrieval.jsonl (it retrieved nothing)"));
   } else {
     parts.push(el("div", {class: "grid"},
-      el("div", {}, el("h3", {}, "ontology triples"), triples(b.strings, r.ontology, "ontology triples")),
-      el("div", {}, el("h3", {}, "fact triples"), triples(b.strings, r.facts, "fact triples"))));
+      el("div", {}, el("h3", {}, "ontology triples"), triples(r.ontology, "ontology triples")),
+      el("div", {}, el("h3", {}, "fact triples"), triples(r.facts, "fact triples"))));
     parts.push(el("h3", {}, "cases (views that found them, scores)"),
-      r.cases.length ? r.cases.map((hit, rank) => caseBlock(b, hit, rank)) : el("div", {class: "note"}, "no cases"));
+      r.cases.length ? r.cases.map(caseBlock) : el("div", {class: "note"}, "no cases"));
   }
   if (q.verdict !== "n/a") {
     const cmd = DATA.prompt_command + " " + (q.index === null || q.index === undefined ? "K" : q.index);
@@ -115,9 +115,9 @@ function row(q, i) {
 }
 
 const hay = [];
-function haystack(i) {  // the first search parses every block, once
+function haystack(i) {  // the first search parses every details block, once
   if (hay[i] === undefined) {
-    const q = detail(i)[0];
+    const q = detail(i);
     hay[i] = [q.id, q.question, q.program, q.generated, show(q.answer), show(q.gold_answer), q.gold_program,
               q.analysis ? q.analysis.reason + " " + q.analysis.detail : ""].join("\n").toLowerCase();
   }
