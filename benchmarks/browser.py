@@ -6,7 +6,8 @@
 Builds a run folder of ``--n`` questions without retrieval or an LLM, written by the project's
 own code: prediction records from ``evaluation.scoring.score_completion`` (gold programs; one
 question in ten given another question's program, one in 25 a broken text, so every verdict,
-error kind and error class occurs), ``retrieval.jsonl`` lines from ``Retrieved.to_record`` (10
+error kind and error class occurs; with ``grounded`` as grounded decoding records it),
+``retrieval.jsonl`` lines from ``Retrieved.to_record`` (10
 ontology triples, 10 fact triples and 6 cases per question, each case with its own 10 + 10
 triples), ``metrics.json`` from ``finish_metrics`` and ``provenance``, ``config.yaml`` from
 ``write_config``, then ``browser.html`` with ``write_browser``. The texts are mini-kqapro's real
@@ -155,9 +156,10 @@ def build_run(out: Path, n: int, seed: int) -> dict[str, Any]:
     from cbr2.evaluation.run_folder import provenance, write_config
     from cbr2.evaluation.scoring import score_completion
     from cbr2.evaluation.selection import categories_of
+    from cbr2.generation.grounded import grounded_arguments
     from cbr2.kb.triples import Triple, fact_triples, ontology_triples
     from cbr2.kopl.executor import Executor
-    from cbr2.kopl.text import to_text
+    from cbr2.kopl.text import parse_text, to_text
     from cbr2.retrieval.cases import Case, Query
     from cbr2.retrieval.knowledge import Knowledge
     from cbr2.retrieval.retriever import Retrieved
@@ -195,7 +197,14 @@ def build_run(out: Path, n: int, seed: int) -> dict[str, Any]:
             elif i % 25 == 7:
                 text = text[: len(text) // 2]
             if (base, text) not in scored:
-                scored[base, text] = score_completion(text, val[base], mini, executor, "dag")
+                record = score_completion(text, val[base], mini, executor, "dag")
+                # What grounded decoding adds (the default configuration links the question's names):
+                # the candidates are taken to be the gold program's own arguments.
+                candidates: dict[str, list[str]] = {}
+                for arg in grounded_arguments(val[base].program, {}):
+                    candidates.setdefault(arg["kind"], []).append(arg["value"])
+                program = parse_text(record["program"], "dag") if record.get("program") else None
+                scored[base, text] = {**record, "grounded": grounded_arguments(program, candidates)}
             record = {**scored[base, text], "id": q.qid}
             record.update(prompt_hash=hashlib.sha256(f"{seed} {q.qid}".encode()).hexdigest(), generation_key="gold",
                           prompt_tokens=rng.randint(1500, 2600), completion_tokens=len(text) // 3,
