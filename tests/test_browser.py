@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from cbr2.evaluation.browser import embed_json, write_browser, write_compare
+from cbr2.evaluation.browser import SUMMARY_FIELDS, browser_data, embed_json, page_blocks, write_browser, write_compare
 
 HOSTILE = "</script><img src=x onerror=alert(1)>"
 """Generated text that would run script if the page ever parsed data as markup."""
@@ -73,11 +73,23 @@ def embedded(page: str):
     return json.loads(m.group(1))
 
 
+def browser_page(page: str):
+    """What browser.html's script reads: each question whole (its row's fields joined with its
+    details from block ``data-K``), with the triples and cases of block ``data-0``."""
+    head = embedded(page)
+    found = re.findall(r'<script type="application/json" id="data-(\d+)">(.*?)</script>', page, re.DOTALL)
+    assert [int(k) for k, _ in found] == list(range(len(found)))
+    tables, *details = [json.loads(text) for _, text in found]
+    size = head["chunk"]
+    questions = [{**q, **details[i // size][i % size]} for i, q in enumerate(head["questions"])]
+    return {**head, **tables, "questions": questions}
+
+
 def test_page_is_self_contained_and_holds_every_question(run):
     path = write_browser(run)
     assert path == run / "browser.html"
     page = path.read_text(encoding="utf-8")
-    data = embedded(page)
+    data = browser_page(page)
     assert [q["id"] for q in data["questions"]] == ["val-1", "val-2", "val-3", "val-4", "val-9"]
     by_id = {q["id"]: q for q in data["questions"]}
     assert (by_id["val-1"]["verdict"], by_id["val-2"]["kind"], by_id["val-9"]["verdict"]) == ("right", "wrong", "n/a")
@@ -95,9 +107,9 @@ def test_page_is_self_contained_and_holds_every_question(run):
 
 def test_hostile_text_stays_inert(run):
     page = write_browser(run).read_text(encoding="utf-8")
-    # The data cannot end its script block: only the page's own two scripts close.
-    assert page.count("</script>") == 2 and HOSTILE not in page and "<img" not in page
-    data = embedded(page)
+    # The data cannot end its script block: only the page's own scripts close (rows, code, triples, details).
+    assert page.count("</script>") == 4 and HOSTILE not in page and "<img" not in page
+    data = browser_page(page)
     hostile = next(q for q in data["questions"] if q["id"] == "val-3")
     assert hostile["generated"] == HOSTILE and hostile["error"]["message"] == HOSTILE
     # The code never parses data as markup ...
@@ -108,6 +120,25 @@ def test_hostile_text_stays_inert(run):
     csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', page).group(1)
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
     assert f"script-src 'sha256-{digest}'" in csp and "default-src 'none'" in csp
+
+
+def test_the_first_block_holds_the_rows_only_and_the_others_every_detail(run):
+    """Split in blocks of 2, the part parsed at load has each question's row fields and no details;
+    each question reads back whole from its row and its own details block, as browser_data has it."""
+    data = browser_data(run)
+    head, (tables, *details) = page_blocks(data, chunk=2)
+    assert [len(d) for d in details] == [2, 2, 1]
+    assert tables == {"strings": data["strings"], "cases": data["cases"]}
+    assert "strings" not in head and "cases" not in head and head["chunk"] == 2
+    assert all(set(q) <= set(SUMMARY_FIELDS) for q in head["questions"])
+    assert {k: v for k, v in head.items() if k not in ("questions", "chunk")} == \
+        {k: v for k, v in data.items() if k not in ("questions", "strings", "cases")}
+    for i, (q, row) in enumerate(zip(data["questions"], head["questions"], strict=True)):
+        assert {**row, **details[i // 2][i % 2]} == q
+
+    # The page: the rows' part before the script, the rest after it.
+    page = write_browser(run).read_text(encoding="utf-8")
+    assert page.index('id="data"') < page.index("<script>") < page.index('id="data-0"') < page.index('id="data-1"')
 
 
 def test_embed_json_round_trips_what_could_break_a_script_block():
@@ -151,7 +182,7 @@ def test_every_evaluation_writes_its_browser(tmp_path):
     overrides = ["llm.backend=gold", "eval.per_category=null", "wandb.mode=disabled", "generation.constrained=false",
                  "retrieval.cases=none", "retrieval.k_ontology=0", "retrieval.k_facts=0", "eval.limit=12"]
     run_evaluation(load_config([f"output_dir={tmp_path / 'run'}", *overrides]))
-    data = embedded((tmp_path / "run" / "browser.html").read_text(encoding="utf-8"))
+    data = browser_page((tmp_path / "run" / "browser.html").read_text(encoding="utf-8"))
     assert len(data["questions"]) == 12 and all(q["verdict"] == "right" for q in data["questions"])
     # The --show-prompt index of each question is its position in the selection.
     assert [q["index"] for q in data["questions"]] == list(range(12))
@@ -210,6 +241,7 @@ def test_chromium_pages_a_long_run(tmp_path):
     browser = chromium()
     records = [prediction(f"val-{i:04d}", "Count" if i % 3 else "Verify", i % 2 == 0, kind="wrong")
                for i in range(450)]
+    records[430]["generated"] = "r1: Find[Lyon] → QueryAttr[area]"  # in the third details block only
     page = write_browser(write_run(tmp_path / "long", records))
     dom = dump_dom(browser, page, "", tmp_path / "profile")
     assert rows(dom) == [(f"val-{i:04d}", False) for i in range(200)]  # the first page only is built
@@ -220,6 +252,9 @@ def test_chromium_pages_a_long_run(tmp_path):
     assert [q for q, _ in rows(dom)] == [f"val-{i:04d}" for i in range(1, 450, 2)][200:]
     dom = dump_dom(browser, page, "open=val-0321", tmp_path / "profile")
     assert re.search(r'<details class="q wrong" data-id="val-0321"[^>]* open=""', dom) and "page 2 of 3" in dom
+    assert "<b>tokens in / out</b><span>900 / 20</span>" in dom  # its details, from the second block
+    dom = dump_dom(browser, page, "q=lyon", tmp_path / "profile")  # a search reads every block
+    assert rows(dom) == [("val-0430", False)] and shown_count(dom) == "1 of 450 questions shown"
     dom = dump_dom(browser, page, "category=Verify&open=val-0001", tmp_path / "profile")  # filtered out: shown too
     assert rows(dom)[0] == ("val-0001", False) and shown_count(dom) == "151 of 450 questions shown"
 

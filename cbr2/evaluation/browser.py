@@ -5,10 +5,16 @@ flipped between runs.
 
 Every evaluation and shard merge writes ``browser.html`` beside ``report.md``; ``python -m
 cbr2.evaluation.compare RUN_A RUN_B ...`` writes ``compare.html`` beside ``ablation.md``. Both are one file
-each: the data embedded as JSON in a ``<script type="application/json">`` block, vanilla JS and
+each: the data embedded as JSON in ``<script type="application/json">`` blocks, vanilla JS and
 inline CSS, no URL outside the folder, so they work from ``file://`` with no server and no network.
 The JS and CSS are package data in ``browser_assets/`` (``common.js`` then ``browser.js`` or
 ``compare.js``, ``browser.css``), inlined into each page.
+
+``browser.html`` splits its data (``page_blocks``) so that its first page costs little more at
+10,000 questions than at 100: the block before the script holds what the rows and filters need (a
+few fields per question); the blocks after it hold the questions' details (answers, programs,
+generated text; ``CHUNK`` questions a block) and the run's triples and cases, and are parsed when
+a question is opened (its block and the triples') or a search needs them (every block).
 
 Generated text is untrusted: the JSON block escapes ``<``, ``>`` and ``&`` (no text can close the
 script), and the page renders every string as a text node, never as markup.
@@ -48,6 +54,13 @@ DROPPED_FIELDS = ("generation_key",)
 
 MAX_VALUES = 50
 """Executed values kept per question (a MetaQA answer set can be long)."""
+
+SUMMARY_FIELDS = ("id", "question", "category", "verdict", "kind", "class")
+"""A question's fields in the block parsed at load: what its row shows and the filters test."""
+
+CHUNK = 200
+"""Questions per details block of ``browser.html``: opening a question parses one block (a few
+hundred kB at KQA Pro's sizes), not the whole run's data."""
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -257,12 +270,41 @@ def embed_json(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _page(title: str, data: Any, script: str) -> str:
-    """The page around the asset ``script`` (run after ``common.js``). Its Content-Security-Policy
-    allows that one script (by hash), inline styles and nothing else: no network, no other script,
-    no inline event handler, even if some text ever reached the page as markup."""
+def page_blocks(data: dict[str, Any], chunk: int = CHUNK) -> tuple[dict[str, Any], list[Any]]:
+    """:func:`browser_data` as ``browser.html`` embeds it: a light part, parsed at load, and blocks
+    parsed on demand.
+
+    Args:
+        data: :func:`browser_data`'s structure.
+        chunk: Questions per details block.
+
+    Returns:
+        ``(head, blocks)``. ``head`` is ``data`` without ``strings`` and ``cases``, each question
+        cut to ``SUMMARY_FIELDS``, and ``chunk``. ``blocks[0]`` is ``{"strings", "cases"}`` (the
+        run's interned triples and its cases, as in ``data``: each stored once); block ``k + 1``
+        lists the other fields of questions ``k * chunk`` to ``(k + 1) * chunk - 1``, in order.
+    """
+    head = {k: v for k, v in data.items() if k not in ("strings", "cases", "questions")}
+    head["chunk"] = chunk
+    questions = data["questions"]
+    head["questions"] = [{k: q[k] for k in SUMMARY_FIELDS if k in q} for q in questions]
+    details = [{k: v for k, v in q.items() if k not in SUMMARY_FIELDS} for q in questions]
+    return head, [{"strings": data["strings"], "cases": data["cases"]},
+                  *(details[start: start + chunk] for start in range(0, len(details), chunk))]
+
+
+def _page(title: str, data: Any, script: str, blocks: Sequence[Any] = ()) -> str:
+    """The page around the asset ``script`` (run after ``common.js``), with ``data`` in the block
+    ``data`` before the script and each of ``blocks`` in a block ``data-K`` after it (the script
+    runs before those are parsed, so it must wait for them: ``DOMContentLoaded``).
+
+    Its Content-Security-Policy allows that one script (by hash), inline styles and nothing else:
+    no network, no other script, no inline event handler, even if some text ever reached the page
+    as markup."""
     code = asset("common.js") + asset(script)
     digest = base64.b64encode(hashlib.sha256(code.encode("utf-8")).digest()).decode("ascii")
+    later = "".join(f'<script type="application/json" id="data-{k}">{embed_json(block)}</script>\n'
+                    for k, block in enumerate(blocks))
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -277,14 +319,15 @@ def _page(title: str, data: Any, script: str) -> str:
 <div id="app"></div>
 <script type="application/json" id="data">{embed_json(data)}</script>
 <script>{code}</script>
-</body>
+{later}</body>
 </html>
 """
 
 
 def render_browser(data: dict[str, Any]) -> str:
-    """``browser.html`` for :func:`browser_data`'s structure."""
-    return _page(f"{data['title']} · run browser", data, "browser.js")
+    """``browser.html`` for :func:`browser_data`'s structure (split by :func:`page_blocks`)."""
+    head, blocks = page_blocks(data)
+    return _page(f"{data['title']} · run browser", head, "browser.js", blocks)
 
 
 def write_browser(run_dir: str | Path, bench: Any = None, records: Sequence[dict[str, Any]] | None = None,

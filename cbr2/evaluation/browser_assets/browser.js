@@ -1,4 +1,21 @@
-const S = DATA.strings, C = DATA.cases, Q = DATA.questions;
+// DATA holds each question's row (id, question, category, verdict, kind, class). The rest sits in
+// the blocks after this script, parsed only when needed, so the first page costs about the same at
+// 100 or 10,000 questions: "data-0" the run's triples and cases (for an open question), "data-K"
+// the details of questions (K - 1) * DATA.chunk onwards. The document's parser reaches those
+// blocks after this script has run, hence whenParsed.
+const Q = DATA.questions, CHUNK = DATA.chunk;
+const blocks = [];
+function whenParsed(fn) {
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", fn, {once: true});
+  else fn();
+}
+function block(k) {
+  if (!blocks[k]) blocks[k] = JSON.parse(document.getElementById("data-" + k).textContent);
+  return blocks[k];
+}
+function detail(i) {  // the whole question
+  return Object.assign({}, Q[i], block(1 + Math.floor(i / CHUNK))[i % CHUNK]);
+}
 const FILTERS = [["category", "category", "category"], ["correct", "correct", "verdict"],
                  ["kind", "error kind", "kind"], ["class", "error class", "class"]];
 const app = document.getElementById("app");
@@ -13,12 +30,13 @@ function header() {
 }
 
 function triples(ids, what) {
+  const S = block(0).strings;
   if (!ids || !ids.length) return el("div", {class: "note"}, "no " + what);
   return el("ol", {class: "triples"}, ids.map(i => el("li", {}, S[i])));
 }
 
 function caseBlock(hit, rank) {
-  const [cid, views, scores, own] = hit, c = C[cid] || {}, k = own || c;
+  const [cid, views, scores, own] = hit, c = block(0).cases[cid] || {}, k = own || c;
   const found = views.map((v, i) => v + (typeof scores[i] === "number" ? " " + scores[i].toFixed(3) : "")).join(", ");
   const d = el("details", {class: "case"},
     el("summary", {}, rank + 1 + ". ", el("span", {class: "qid"}, cid), " ", el("span", {class: "score"}, found), " ",
@@ -33,8 +51,8 @@ function caseBlock(hit, rank) {
   return d;
 }
 
-function body(q) {
-  const a = q.analysis, parts = [];
+function body(i) {
+  const q = detail(i), a = q.analysis, parts = [];
   parts.push(el("div", {class: "grid"},
     el("div", {}, el("h3", {}, "gold"), kv("answer", q.gold_answer), code(q.gold_program, "no gold program")),
     el("div", {}, el("h3", {}, "prediction"),
@@ -91,16 +109,19 @@ function row(q, i) {
        el("span", {class: "tag"}, q.category), el("span", {class: "tag kind-" + q.kind}, q.kind),
        el("span", {class: "tag cls-" + q.class}, q.class), el("span", {class: "text"}, q.question || "")));
   d.addEventListener("toggle", () => {
-    if (d.open && !d.dataset.built) { d.dataset.built = "1"; d.append(body(q)); }
+    if (d.open) whenParsed(() => { if (!d.dataset.built) { d.dataset.built = "1"; d.append(body(i)); } });
   });
   return d;
 }
 
-function haystack(q) {
-  if (q._hay === undefined)
-    q._hay = [q.id, q.question, q.program, q.generated, show(q.answer), show(q.gold_answer), q.gold_program,
+const hay = [];
+function haystack(i) {  // the first search parses every details block, once
+  if (hay[i] === undefined) {
+    const q = detail(i);
+    hay[i] = [q.id, q.question, q.program, q.generated, show(q.answer), show(q.gold_answer), q.gold_program,
               q.analysis ? q.analysis.reason + " " + q.analysis.detail : ""].join("\n").toLowerCase();
-  return q._hay;
+  }
+  return hay[i];
 }
 
 const controls = {}, bar = el("div", {class: "bar"});
@@ -146,17 +167,19 @@ function render() {
     pager.append(go(page - 1, "← previous", page === 0), " page " + (page + 1) + " of " + pages + " ",
                  go(page + 1, "next →", page === pages - 1));
   }
+  document.body.dataset.ready = "1";  // a page of rows is in the document
 }
 
 function apply() {
   const want = {};
   for (const [param, , field] of FILTERS) want[field] = controls[param].value;
   const needle = controls.q.value.trim().toLowerCase();
+  if (needle && document.readyState === "loading") { count.textContent = "searching…"; whenParsed(apply); return; }
   matches = [];
   Q.forEach((q, i) => {
     let ok = true;
     for (const field in want) if (want[field] && q[field] !== want[field]) { ok = false; break; }
-    if (ok && needle) ok = haystack(q).includes(needle);
+    if (ok && needle) ok = haystack(i).includes(needle);
     if (ok) matches.push(i);
   });
   render();
@@ -164,6 +187,7 @@ function apply() {
 
 function fromHash() {
   const p = hashParams();
+  if (p.get("q") && document.readyState === "loading") { whenParsed(fromHash); return; }  // searches details
   for (const name in controls) {
     const v = p.get(name) || "";
     if (controls[name].tagName === "SELECT" && v && ![...controls[name].options].some(o => o.value === v))
@@ -198,4 +222,3 @@ for (const name in controls) controls[name].addEventListener(name === "q" ? "inp
 });
 window.addEventListener("hashchange", fromHash);
 fromHash();
-document.body.dataset.ready = "1";
