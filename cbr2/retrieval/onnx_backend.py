@@ -5,10 +5,10 @@ or hub encoder) is exported once from its own weights to an ONNX graph of its wh
 pass (transformer, pooling, normalisation), into a folder of the cache root named by its weights
 fingerprint and the backend. ONNX Runtime's transformer optimizer then fuses each layer's
 attention, its residual LayerNorms, its GELU and the embeddings into single kernels (still
-float32: the fused graph is checked against torch like the plain one). The folder is built in a temporary folder beside it, checked, and
-renamed into place under a build lock, so concurrent jobs export once and never read a
-half-written graph. ``onnx-int8`` further quantizes the graph's matrix products to 8-bit
-integer weights (ONNX Runtime's dynamic quantization).
+float32: the fused graph is checked against torch like the plain one). The folder is built in a
+temporary folder beside it, checked, and renamed into place under a build lock, so concurrent
+jobs export once and never read a half-written graph. ``onnx-int8`` further quantizes the fused
+graph's matrix products to 8-bit integer weights (ONNX Runtime's dynamic quantization).
 
 Tokenisation stays the model's own, and texts are batched in the same order as
 sentence-transformers batches them, so only the forward pass changes engine. ``onnx`` matches
@@ -176,8 +176,9 @@ def quantize_int8(source: Path, target: Path) -> None:
     """8-bit weights for the graph's matrix products (dynamic quantization of the activations).
 
     Only ``MatMul`` is quantized (the attention output and FFN projections): the embeddings and
-    the fused ``Attention`` nodes, with their query/key/value projections, stay float32. Weights are per output channel with the reduced
-    7-bit range, which avoids the saturation of AVX2's 8-bit multiply-add.
+    the fused ``Attention`` nodes, with their query/key/value projections, stay float32. Weights
+    are per output channel with the reduced 7-bit range, which avoids the saturation of AVX2's
+    8-bit multiply-add.
     """
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
