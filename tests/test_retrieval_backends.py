@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ from cbr2.config import Config, compose
 from cbr2.retrieval.cache import EmbeddingStore
 from cbr2.retrieval.encoders import encode, load_encoder, resolve_backend, unique_texts, weights_fingerprint
 from cbr2.retrieval.index import build_index, search
+from cbr2.retrieval.onnx_backend import export_onnx
 
 pytest.importorskip("onnxruntime")
 
@@ -79,6 +82,18 @@ def test_onnx_backend_searches_like_torch(name, structural_folder, cache):
     assert np.allclose(np.linalg.norm(got_f, axis=1), 1, atol=1e-5)
     assert np.abs(got_f - ref_f).max() < 1e-4 and np.abs(got_q - ref_q).max() < 1e-4
     assert (_top(got_f, got_q, 5) == _top(ref_f, ref_q, 5)).all()
+
+
+def test_the_export_is_fused_and_leaves_the_torch_model_as_it_was(cache, tmp_path):
+    torch_model = load_encoder(MINILM, "cpu", "torch", cache)
+    before = torch_model[0].auto_model.config._attn_implementation
+    export_onnx(torch_model, tmp_path)  # traced with eager attention, which fuses
+    assert torch_model[0].auto_model.config._attn_implementation == before
+    record = json.loads((load_encoder(MINILM, "cpu", "onnx", cache).folder / "export.json").read_text())
+    layers = torch_model[0].auto_model.config.num_hidden_layers
+    # One Attention per layer, its two residual LayerNorms fused: nothing of a layer left unfused.
+    assert record["fused"]["Attention"] == layers and record["fused"]["SkipLayerNormalization"] == 2 * layers
+    assert record["fused"]["EmbedLayerNormalization"] == 1 and record["fp32_max_error"] < 1e-4
 
 
 def test_int8_backend_loads_and_mostly_agrees(cache):

@@ -3,10 +3,12 @@
 A sentence-transformers model (the packaged MiniLM, a trained structural checkpoint, any local
 or hub encoder) is exported once from its own weights to an ONNX graph of its whole forward
 pass (transformer, pooling, normalisation), into a folder of the cache root named by its weights
-fingerprint and the backend. The folder is built in a temporary folder beside it, checked, and
-renamed into place under a build lock, so concurrent jobs export once and never read a
-half-written graph. ``onnx-int8`` further quantizes the graph's matrix products to 8-bit
-integer weights (ONNX Runtime's dynamic quantization).
+fingerprint and the backend. ONNX Runtime's transformer optimizer then fuses each layer's
+attention, its residual LayerNorms, its GELU and the embeddings into single kernels (still
+float32: the fused graph is checked against torch like the plain one). The folder is built in a
+temporary folder beside it, checked, and renamed into place under a build lock, so concurrent
+jobs export once and never read a half-written graph. ``onnx-int8`` further quantizes the fused
+graph's matrix products to 8-bit integer weights (ONNX Runtime's dynamic quantization).
 
 Tokenisation stays the model's own, and texts are batched in the same order as
 sentence-transformers batches them, so only the forward pass changes engine. ``onnx`` matches
@@ -19,11 +21,12 @@ Runtime package pins transformers below 4.58, and the project runs on transforme
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +44,7 @@ log = logging.getLogger(__name__)
 ONNX_BACKENDS = ("onnx", "onnx-int8")
 """The encoder backends this module runs (CPU only: the installed ONNX Runtime is the CPU build)."""
 
-EXPORT_FORMAT = 1
+EXPORT_FORMAT = 2
 """Bump when the exported graph or its quantization changes; older exports are then rebuilt."""
 
 MARKER = "export.json"
@@ -77,11 +80,19 @@ def _tensor_inputs(features: dict[str, Any]) -> list[str]:
     return sorted(k for k, v in features.items() if isinstance(v, torch.Tensor))
 
 
+def _transformers(model: SentenceTransformer) -> list[Any]:
+    """The Hugging Face models inside ``model`` (sentence-transformers' ``Transformer`` modules)."""
+    return [m.auto_model for m in model if hasattr(m, "auto_model")]
+
+
 def export_onnx(model: SentenceTransformer, folder: Path) -> Path:
     """Write ``model.onnx``, the model's whole forward pass to the sentence embedding, into ``folder``.
 
     Uses torch's TorchScript-based exporter (``dynamo=False``): the torch.export-based one needs
-    onnxscript and does not trace every transformers attention implementation yet.
+    onnxscript and does not trace every transformers attention implementation yet. Attention is
+    traced in its ``eager`` implementation (the same arithmetic as the default SDPA): its plain
+    MatMul-Softmax-MatMul is what ONNX Runtime's attention fusion recognises, while SDPA's trace
+    (with its NaN guards on masked rows) is left unfused. The model's own setting is restored.
 
     Returns:
         The graph's path.
@@ -104,39 +115,87 @@ def export_onnx(model: SentenceTransformer, folder: Path) -> Path:
     path = folder / "model.onnx"
     axes = {name: {0: "batch", 1: "tokens"} for name in names} | {"sentence_embedding": {0: "batch"}}
     model = model.to("cpu").eval()
+    inner = [m for m in _transformers(model) if hasattr(m, "set_attn_implementation")]
+    before = [m.config._attn_implementation for m in inner]
     with torch.no_grad(), warnings.catch_warnings():
         # The tracer warns about Python branches on shapes (padding checks) that are constant for
         # an encoder's full attention mask; the exporter warns that it is the older of two.
         warnings.simplefilter("ignore")
-        torch.onnx.export(_Forward(model), tuple(features[n].cpu() for n in names), str(path), dynamo=False,
-                          input_names=names, output_names=["sentence_embedding"], dynamic_axes=axes,
-                          opset_version=OPSET, do_constant_folding=True)
+        try:
+            for m in inner:
+                m.set_attn_implementation("eager")
+            torch.onnx.export(_Forward(model), tuple(features[n].cpu() for n in names), str(path), dynamo=False,
+                              input_names=names, output_names=["sentence_embedding"], dynamic_axes=axes,
+                              opset_version=OPSET, do_constant_folding=True)
+        finally:
+            for m, implementation in zip(inner, before, strict=True):
+                m.set_attn_implementation(implementation)
     return path
+
+
+def fuse(model: SentenceTransformer, source: Path, target: Path) -> dict[str, int]:
+    """Write ``source`` with each layer's operators fused into ONNX Runtime's transformer kernels.
+
+    ONNX Runtime's offline transformer optimizer (``model_type="bert"``, the encoder-only layout
+    of BERT, MiniLM, RoBERTa) replaces each attention block by one ``Attention`` node, each
+    residual add and LayerNorm by ``SkipLayerNormalization``, the FFN's bias and GELU by
+    ``BiasGelu`` and the embeddings by ``EmbedLayerNormalization``. Its own basic optimizations
+    are left to the session (``opt_level=0``), so the file stays independent of the CPU.
+
+    Args:
+        model: The encoder the graph was exported from: its heads and hidden size.
+        source: The plain export.
+        target: Where the fused graph goes.
+
+    Returns:
+        How many nodes of each fused kind the graph has (the kinds with none left out).
+    """
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    config = _transformers(model)[0].config
+    with _quiet_root_logger():  # the optimizer logs every fusion at INFO on module-named loggers
+        fused = optimize_model(str(source), model_type="bert", num_heads=config.num_attention_heads,
+                               hidden_size=config.hidden_size, opt_level=0)
+    fused.save_model_to_file(str(target))
+    return {kind: n for kind, n in fused.get_fused_operator_statistics().items() if n}
+
+
+@contextlib.contextmanager
+def _quiet_root_logger() -> Iterator[None]:
+    """Only errors from loggers that inherit the root logger's level, while the block runs."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        root.setLevel(level)
 
 
 def quantize_int8(source: Path, target: Path) -> None:
     """8-bit weights for the graph's matrix products (dynamic quantization of the activations).
 
-    Only ``MatMul`` is quantized: the embedding tables (``Gather``) stay float32, as quantizing
-    them costs accuracy and saves no time. Weights are per output channel with the reduced
-    7-bit range, which avoids the saturation of AVX2's 8-bit multiply-add.
+    Only ``MatMul`` is quantized (the attention output and FFN projections): the embeddings and
+    the fused ``Attention`` nodes, with their query/key/value projections, stay float32. Weights
+    are per output channel with the reduced 7-bit range, which avoids the saturation of AVX2's
+    8-bit multiply-add.
     """
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quant_log = logging.getLogger()  # the quantizer logs a pre-processing hint on the root logger
-    level = quant_log.level
-    quant_log.setLevel(max(level, logging.ERROR))
-    try:
+    with _quiet_root_logger():  # the quantizer logs a pre-processing hint on the root logger
+        # The fused kernels are in ONNX Runtime's own operator domain, which ONNX's shape
+        # inference does not type: their outputs are float32.
         quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=True,
-                         reduce_range=True, op_types_to_quantize=["MatMul"])
-    finally:
-        quant_log.setLevel(level)
+                         reduce_range=True, op_types_to_quantize=["MatMul"],
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
 
 
 def _session(path: Path, threads: int):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3  # ONNX Runtime's own warnings about unused initializers
@@ -191,12 +250,14 @@ def _export_into(model: SentenceTransformer, dest: Path, fingerprint: str, backe
         if error > MAX_EXPORT_ERROR:
             raise SetupError(f"the ONNX export of the encoder differs from torch by {error:.2g} on its check texts "
                              "(more than float rounding): use retrieval.encoder_backend=torch")
+        fused, fused_error = _fuse_checked(model, fp32)
         if backend == "onnx-int8":
             quantize_int8(fp32, tmp / "model.int8.onnx")
             fp32.unlink()
             (tmp / "model.int8.onnx").rename(fp32)
         record = {"format": EXPORT_FORMAT, "backend": backend, "weights": fingerprint, "opset": OPSET,
-                  "inputs": _tensor_inputs(_features(model, ["x"])), "fp32_max_error": error,
+                  "inputs": _tensor_inputs(_features(model, ["x"])), "fused": fused,
+                  "fp32_max_error": error if fused_error is None else fused_error,
                   "dim": int(_embedding_dim(model))}
         (tmp / MARKER).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         tmp.chmod(0o755)  # mkdtemp makes it private; a cache folder is shared by the jobs of a user
@@ -204,6 +265,32 @@ def _export_into(model: SentenceTransformer, dest: Path, fingerprint: str, backe
     # A folder already there has no marker (ensure_export checked it under the lock): incomplete.
     publish_folder(dest, build, replace=True)
     log.info("exported the %s encoder in %.1f s", backend, time.perf_counter() - start)
+
+
+def _fuse_checked(model: SentenceTransformer, graph: Path) -> tuple[dict[str, int], float | None]:
+    """Replace ``graph`` by its fused form when that reproduces torch's embeddings, else keep it.
+
+    Fusion only speeds the graph up, and the plain graph has passed the check: an encoder whose
+    layout the optimizer does not know (or misreads) keeps running, unfused, with a warning.
+
+    Returns:
+        The fused graph's node counts of each fused kind and its check error; ``({}, None)`` when
+        ``graph`` stays unfused.
+    """
+    target = graph.with_name("model.fused.onnx")
+    try:
+        kinds = fuse(model, graph, target)
+        error = _check_export(model, target)
+    except Exception as err:  # noqa: BLE001 - any failure of the optimizer leaves the checked plain graph
+        log.warning("ONNX Runtime's transformer optimizer failed on this encoder (%s): running it unfused", err)
+        target.unlink(missing_ok=True)
+        return {}, None
+    if error > MAX_EXPORT_ERROR:
+        log.warning("the fused ONNX graph differs from torch by %.2g on the check texts: running it unfused", error)
+        target.unlink()
+        return {}, None
+    target.replace(graph)
+    return kinds, error
 
 
 def _embedding_dim(model: SentenceTransformer) -> int:
