@@ -200,14 +200,15 @@ class RetrievalConfig:
     """Encoder of triples and of semantic cases; the paper uses ``BAAI/bge-m3`` (GPU nodes)."""
     device: str = "auto"
     """``auto`` (CUDA when visible), ``cpu``, ``cuda``, ``cuda:1`` ..."""
-    encoder_backend: EncoderBackend = "auto"
+    encoder_backend: EncoderBackend = "torch"
     """What runs the encoders (both the semantic encoder and the structural retriever): ``torch``;
-    ``onnx``, ONNX Runtime on the CPU from a graph exported once from the same weights (the same
-    embeddings to float rounding, faster on CPUs); ``onnx-int8``, the same with 8-bit weights
-    (faster still, approximate: its searches differ from torch's); ``auto``, ``onnx`` when the
-    encoders run on the CPU and ONNX Runtime is installed, else ``torch``. The ONNX backends run
-    on the CPU only: with a GPU device they stop the run at start. Embeddings of different
-    backends are cached apart (``benchmarks/encoding.py`` compares their speed and searches)."""
+    ``onnx``, ONNX Runtime on the CPU from a fused graph exported once from the same weights (the
+    same embeddings to float rounding); ``onnx-int8``, the same with 8-bit weights (approximate:
+    its searches differ from torch's); ``auto``, ``onnx`` when the encoders run on the CPU and
+    ONNX Runtime is installed, else ``torch``. torch stays the default: on 2 idle AVX2 cores ONNX
+    Runtime encoded only 1.13x faster, int8 1.38x with 0.83 top-10 overlap
+    (docs/results/scale.md, "Encoding"). The ONNX backends run on the CPU only: with a GPU device
+    they stop the run at start. Embeddings of different backends are cached apart."""
     batch_size: int = bounded(64, 1)
     """Texts per encoder forward pass."""
     index: IndexKind = "flat"
