@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 _BLOCK = 1 << 24
+T = TypeVar("T")
 
 
 def cache_root(configured: str | None = None) -> Path:
@@ -95,6 +98,36 @@ def publish_folder(dest: str | Path, build: Callable[[Path], None], replace: boo
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def open_entry(entry: Path, read: Callable[[Path], T], logger: logging.Logger, what: str) -> T | None:
+    """Read a cache entry folder with ``read``, or None when it is missing or unusable.
+
+    An unusable entry (a file where the folder should be, or anything ``read`` raises: a missing
+    or damaged file, a stale ``meta.json``) is removed with one warning on ``logger`` naming it and
+    what is wrong, so that it is rebuilt once and the rebuilt entry is reused by later runs. A
+    ``MemoryError`` is raised instead: the entry may be fine, this process cannot hold it.
+
+    Args:
+        entry: The entry's folder.
+        read: Loads the folder; raises whatever makes it unusable.
+        logger: The caller's logger, so the warning names the cache it comes from.
+        what: How the warning names the entry (``cache entry``, ``KB store entry``).
+    """
+    if not entry.exists() and not entry.is_symlink():
+        return None
+    try:
+        if not entry.is_dir():
+            raise ValueError("it is a file, not a folder")
+        return read(entry)
+    except MemoryError:
+        raise
+    # Anything that stops an entry from loading makes it unusable, whatever the exception;
+    # it costs a rebuild, never a crash of this run and of every later one.
+    except Exception as err:  # noqa: BLE001
+        logger.warning("%s %s is unusable (%s: %s); rebuilding it", what, entry, type(err).__name__, err)
+        remove_path(entry)
+        return None
 
 
 def remove_path(path: Path) -> None:

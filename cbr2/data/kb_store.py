@@ -57,7 +57,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from cbr2.common.files import cache_root, file_sha256, gc_paused, remove_path
+from cbr2.common.files import cache_root, file_sha256, gc_paused, open_entry
 from cbr2.common.locks import build_lock
 from cbr2.data.kb_loaders import load_kqapro_kb, load_metaqa_kb
 from cbr2.data.kb_store_layout import ENGINE_SECTIONS, FORMAT, HEADER_KEYS, MAGIC, SECTIONS, write_entry
@@ -299,24 +299,15 @@ def _expected_meta(kind: str, sha: str, size: int) -> dict[str, Any]:
 
 def _open(entry: Path, expected: dict[str, Any], source: str) -> StoredKB | None:
     """The entry as a ``StoredKB``, or None when it is missing or unusable (then removed, warned)."""
-    if not entry.exists() and not entry.is_symlink():
-        return None
-    try:
-        if not entry.is_dir():
-            raise ValueError("it is a file, not a folder")
-        meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
+    def read(folder: Path) -> StoredKB:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
         if not isinstance(meta, dict):
             raise TypeError(f"meta.json holds a JSON {type(meta).__name__}, not an object")
         if {k: meta.get(k) for k in expected} != expected:
             raise ValueError("stale entry: its meta.json describes another file, kind or format")
-        return StoredKB(_read(entry, meta), source)
-    except MemoryError:  # the entry may be fine; this process cannot hold it
-        raise
-    # Whatever stops an entry from loading makes it unusable: it costs a rebuild, never a crash.
-    except Exception as err:  # noqa: BLE001
-        log.warning("KB store entry %s is unusable (%s: %s); rebuilding it", entry, type(err).__name__, err)
-        remove_path(entry)
-        return None
+        return StoredKB(_read(folder, meta), source)
+
+    return open_entry(entry, read, log, "KB store entry")
 
 
 def _read(entry: Path, meta: dict[str, Any]) -> KBStore:

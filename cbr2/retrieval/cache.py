@@ -32,7 +32,7 @@ import faiss
 import numpy as np
 
 from cbr2.common.console import progress
-from cbr2.common.files import file_sha256, publish_folder, remove_path, write_atomic
+from cbr2.common.files import file_sha256, open_entry, publish_folder, remove_path, write_atomic
 from cbr2.common.locks import build_lock
 from cbr2.retrieval.index import build_index
 
@@ -222,20 +222,7 @@ class EmbeddingStore:
         file where the folder should be) is removed with one warning naming it and what is
         wrong, so that it is rebuilt once and the rebuilt entry is reused by later runs.
         """
-        if not entry.exists() and not entry.is_symlink():
-            return None
-        try:
-            if not entry.is_dir():
-                raise ValueError("it is a file, not a folder")
-            return self._read(entry, meta)
-        except MemoryError:  # the entry may be fine; this process cannot hold it
-            raise
-        # Anything that stops an entry from loading makes it unusable, whatever the exception;
-        # it costs a rebuild, never a crash of this run and of every later one.
-        except Exception as err:  # noqa: BLE001
-            log.warning("cache entry %s is unusable (%s: %s); rebuilding it", entry, type(err).__name__, err)
-            remove_path(entry)
-            return None
+        return open_entry(entry, lambda folder: self._read(folder, meta), log, "cache entry")
 
     @staticmethod
     def _read(entry: Path, meta: dict) -> tuple[np.ndarray, faiss.Index]:
