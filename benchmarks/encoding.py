@@ -16,7 +16,10 @@ Prints texts per second for each, the speed ratio to torch, and the mean top-10 
 (``|A ∩ B| / 10``) of exact FAISS searches by the same question embeddings: facts searched by
 questions (knowledge retrieval) and questions by questions (case retrieval). With
 ``--structural``, the same for a trained structural retriever's questions. Also prints how many
-of the KB's fact texts and the questions repeat (what deduplication saves). Timings are only
+of the KB's fact texts and the questions repeat (what deduplication saves), and the ceiling of
+any float32 backend: the floating-point operations of torch's forward passes (from the padded
+batches sentence-transformers builds) per second of its encoding, against what this machine's
+float32 matrix products reach at the encoder's own shapes, timed in the same process. Timings are only
 meaningful on otherwise idle cores; ``--threads`` sets torch's and ONNX Runtime's threads. Run it
 from the checkout's root with ``PYTHONPATH=.`` when another checkout is installed editable.
 """
@@ -87,6 +90,7 @@ def compare(name: str, facts: list[str], questions: list[str], backends: Sequenc
         model = load_encoder(name, "cpu", backend, cache_dir)  # exports now, before any clock
         runs[backend] = lambda texts, m=model: encode(m, texts, batch_size)
     rows, ref = [], {}
+    work = forward_flops(torch_model, [*facts, *questions], batch_size)
     for backend, fn in runs.items():
         fn(facts[:batch_size])  # warm-up: first-call allocations are not encoding speed
         emb_f, t_f = _timed_encode(fn, facts) if facts else (np.zeros((0, 1), np.float32), 0.0)
@@ -96,12 +100,53 @@ def compare(name: str, facts: list[str], questions: list[str], backends: Sequenc
         ids = {"facts": top_ids(emb_f, emb_q) if facts else None, "cases": top_ids(emb_q, emb_q)}
         if backend == "torch":
             ref = ids
+            row["gflop_per_s"] = work / row["seconds"] / 1e9
+            row["gemm_gflop_per_s"] = gemm_flops_per_s(torch_model) / 1e9
         else:
             row["speedup"] = rows[0]["seconds"] / row["seconds"]
             row["overlap_facts"] = overlap_at_k(ref["facts"], ids["facts"]) if facts else None
             row["overlap_cases"] = overlap_at_k(ref["cases"], ids["cases"])
         rows.append(row)
     return rows
+
+
+def forward_flops(model, texts: Sequence[str], batch_size: int) -> float:
+    """Floating-point operations of a BERT-style encoder's forward passes over ``texts`` as
+    sentence-transformers batches them (sorted by length, each batch padded to its longest).
+
+    Per layer and sequence of ``L`` tokens at width ``d``: ``24 L d^2`` in the projections and
+    the feed-forward (with the usual 4d inner width) and ``4 L^2 d`` in attention.
+    """
+    config = model[0].auto_model.config
+    d, layers, inner = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+    ordered = sorted(texts, key=len, reverse=True)
+    tokenize = getattr(model, "preprocess", None) or model.tokenize  # renamed in sentence-transformers 6
+    total = 0.0
+    for i in range(0, len(ordered), batch_size):
+        batch = ordered[i:i + batch_size]
+        length = tokenize(batch)["attention_mask"].shape[1]
+        per_layer = 2 * length * (4 * d * d + 2 * d * inner) + 4 * length * length * d
+        total += len(batch) * layers * per_layer
+    return total
+
+
+def gemm_flops_per_s(model, seconds: float = 3.0) -> float:
+    """float32 matrix-product throughput at the encoder's feed-forward shape (64 texts x 32 tokens
+    by ``d`` by the inner width), the best of three timed stretches."""
+    import torch
+
+    config = model[0].auto_model.config
+    a = torch.randn(64 * 32, config.hidden_size)
+    b = torch.randn(config.hidden_size, config.intermediate_size)
+    flops = 2 * a.shape[0] * a.shape[1] * b.shape[1]
+    best = 0.0
+    for _ in range(3):
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds / 3:
+            torch.mm(a, b)
+            n += 1
+        best = max(best, n * flops / (time.perf_counter() - start))
+    return best
 
 
 def _fmt(x, spec: str) -> str:
@@ -141,6 +186,11 @@ def main() -> None:
         print(f"{r['encoder'][-42:]:42s} {r['backend']:10s} {_fmt(r['facts_per_s'], '9.0f')} "
               f"{_fmt(r['questions_per_s'], '12.0f')} {_fmt(r.get('speedup'), '7.2f') + 'x':>8s} "
               f"{_fmt(r.get('overlap_facts'), '21.3f'):>21s} {_fmt(r.get('overlap_cases'), '6.3f'):>6s}")
+    for r in rows:
+        if "gflop_per_s" in r:
+            print(f"\n{r['encoder']}: torch's forward passes ran at {r['gflop_per_s']:.1f} GFLOP/s; float32 matrix "
+                  f"products at its shapes at {r['gemm_gflop_per_s']:.1f} GFLOP/s here: a float32 backend can be at "
+                  f"most {r['gemm_gflop_per_s'] / r['gflop_per_s']:.2f}x faster than torch on this machine")
 
 
 if __name__ == "__main__":
