@@ -42,9 +42,8 @@ K = 10
 
 def texts_of_synthetic_kqapro(scale: float, n: int, seed: int) -> tuple[list[str], list[str], dict[str, int]]:
     """``n`` fact texts and ``n`` question texts of the synthetic KQA Pro, and repeat counts."""
-    from cbr2.data.kb_loaders import kqapro_kb_from_dict
-
     from cbr2.data.builders import synthetic_kqapro as syn
+    from cbr2.data.kb_loaders import kqapro_kb_from_dict
     from cbr2.kb.triples import fact_triples
 
     kb_dict = syn.build_kb(scale, seed)
