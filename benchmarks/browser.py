@@ -270,7 +270,7 @@ class Chromium:
             [binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
              "--remote-debugging-pipe", f"--user-data-dir={profile}", "--window-size=1280,900", "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=fds, close_fds=False)
+            preexec_fn=fds, close_fds=False)  # noqa: PLW1509 - no threads here; Chromium reads fds 3 and 4
         os.close(to_child)
         os.close(from_child)
         self._buffer, self._next, self.events = b"", 0, []

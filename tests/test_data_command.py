@@ -259,9 +259,9 @@ def test_check_lists_every_problem_of_every_file(tmp_path, capsys):
         "val.json: [1].answer: expected a string, got the number 6",
         "val.json: [4]: no question text: missing key 'question' (or 'rewrite' / 'origin')",
         "val.json: [3].program[0]: unknown function 'Fnd'",
-        "val.json: [5].program: last function 'Find' is not one of the nine categories' "
-        "(Count, QueryAttr, QueryAttrQualifier, QueryName, QueryRelation, QueryRelationQualifier, SelectAmong, "
-        "SelectBetween, Verify; QueryAttrUnderCondition counts as QueryAttr)",
+        ("val.json: [5].program: last function 'Find' is not one of the nine categories' "
+         "(Count, QueryAttr, QueryAttrQualifier, QueryName, QueryRelation, QueryRelationQualifier, SelectAmong, "
+         "SelectBetween, Verify; QueryAttrUnderCondition counts as QueryAttr)"),
     ]
     assert "result: 9 problems" in out and "KB:" not in out
     assert "test.json: no programs or answers (the official test file)" in out
