@@ -21,6 +21,7 @@ from cbr2.config.schema import (
     EncoderBackend,
     ExecutorEngine,
     IndexKind,
+    KnowledgeStyle,
     ProgramFormat,
     StructuralLabel,
     TrainConfig,
@@ -84,6 +85,7 @@ def test_the_paper_overlay_loads_and_sets_only_schema_keys():
 
 
 def test_each_choice_type_is_the_set_of_the_code_that_reads_it():
+    from cbr2.generation.prompt import KNOWLEDGE_STYLES
     from cbr2.kopl.executor import ENGINES
     from cbr2.kopl.text import FORMATS
     from cbr2.retrieval.encoders import BACKENDS
@@ -92,7 +94,7 @@ def test_each_choice_type_is_the_set_of_the_code_that_reads_it():
     from cbr2.structural.labels import LABELS
 
     pairs = [(ProgramFormat, FORMATS), (CaseMode, CASE_MODES), (IndexKind, INDEX_KINDS), (ExecutorEngine, ENGINES),
-             (StructuralLabel, LABELS), (EncoderBackend, BACKENDS)]
+             (StructuralLabel, LABELS), (EncoderBackend, BACKENDS), (KnowledgeStyle, KNOWLEDGE_STYLES)]
     for literal, table in pairs:
         assert typing.get_args(literal) == tuple(table), (literal, table)
 

@@ -184,3 +184,90 @@ def test_linked_items_follow_each_question_and_the_candidates_key_the_hash(train
     from cbr2.common.records import Prompt
 
     assert prompt_hash(prompt) != prompt_hash(Prompt(prompt.qid, prompt.system, prompt.user))
+
+
+# ---------------------------------------------------------------- knowledge style
+
+
+def _pasteur():
+    """A hand-made retrieval result of each fact kind, as ``fact_triples`` makes them."""
+    from cbr2.kb.triples import Triple as T
+
+    ontology = (T("human", "has attribute", "date of birth (date)", terms=frozenset({("concept", "human")})),)
+    facts = (
+        T("Louis Pasteur", "native language", "French", terms=frozenset({("relation", "native language")})),
+        T("Louis Pasteur", "date of birth", "1822-12-27", terms=frozenset({("key", "date of birth")})),
+        T("Louis Pasteur", "instance of", "human", terms=frozenset({("concept", "human")})),
+        T("Louis Pasteur", "award received", "Rumford Medal", (("point in time", "1856"),),
+          frozenset({("relation", "award received"), ("qkey", "point in time")})),
+        T("Louis Pasteur", "population", "12", (("point in time", "1874"),),
+          frozenset({("key", "population"), ("qkey", "point in time")})),
+    )
+    return Knowledge(ontology, facts)
+
+
+def test_triples_style_is_each_triples_text():
+    from cbr2.generation.prompt import knowledge_text
+    from cbr2.retrieval.linking import Links
+
+    knowledge = _pasteur()
+    expected = ("Ontology:\n- human | has attribute | date of birth (date)\nFacts:\n"
+                "- Louis Pasteur | native language | French\n- Louis Pasteur | date of birth | 1822-12-27\n"
+                "- Louis Pasteur | instance of | human\n"
+                "- Louis Pasteur | award received | Rumford Medal (point in time: 1856)\n"
+                "- Louis Pasteur | population | 12 (point in time: 1874)")
+    assert knowledge_text(knowledge) == expected
+    assert knowledge_text(knowledge, None, "triples", Links(("French",))) == expected  # links do not matter
+    with pytest.raises(ValueError, match="unknown prompt.knowledge_style 'graph'"):
+        knowledge_text(knowledge, None, "graph")
+    with pytest.raises(ValueError, match="unknown prompt.knowledge_style 'graph'"):
+        PromptBuilder("dag", 3, "graph")
+
+
+def test_steps_style_writes_each_fact_kind_as_its_steps_oriented_from_the_linked_entity():
+    from cbr2.generation.prompt import fact_steps, knowledge_text
+    from cbr2.retrieval.linking import Links
+
+    knowledge = _pasteur()
+    # Without links (or with the subject linked) every relation fact reads forward.
+    forward = knowledge_text(knowledge, None, "steps")
+    assert forward == ("Ontology:\n- human | has attribute | date of birth (date)\nFacts:\n"
+                       "- Find[Louis Pasteur] → Relate[native language | forward] → French\n"
+                       "- Find[Louis Pasteur] → QueryAttr[date of birth] → 1822-12-27\n"
+                       "- Find[Louis Pasteur] → FilterConcept[human]\n"
+                       "- Find[Louis Pasteur] → Relate[award received | forward] → Rumford Medal (point in time: 1856)\n"
+                       "- Find[Louis Pasteur] → QueryAttr[population] → 12 (point in time: 1874)")
+    assert knowledge_text(knowledge, None, "steps", Links(("Louis Pasteur", "French"))) == forward
+    # The object linked, the subject not: the chain starts at the object and goes backward.
+    from_object = knowledge_text(knowledge, None, "steps", Links(("French", "Rumford Medal")))
+    assert "- Find[French] → Relate[native language | backward] → Louis Pasteur\n" in from_object
+    assert "- Find[Rumford Medal] → Relate[award received | backward] → Louis Pasteur (point in time: 1856)" in from_object
+    # Attribute and concept facts have one orientation; the limit applies per kind as before.
+    assert "- Find[Louis Pasteur] → QueryAttr[date of birth] → 1822-12-27\n" in from_object
+    assert knowledge_text(knowledge, 1, "steps").endswith("Facts:\n- Find[Louis Pasteur] → Relate[native language | forward] → French")
+    # A triple of no known kind is shown as its text.
+    assert fact_steps(Triple("e", "population", "3"), ("e",)) == "e | population | 3"
+
+
+def test_steps_style_reaches_every_block_of_the_built_prompt(train):
+    from cbr2.retrieval.linking import Links
+
+    cases = [Case(train[0], ("semantic",), (0.9,))]
+    question = "What is the native language of the discoverer of pasteurisation?"
+    for style in ("triples", "steps"):
+        prompt = PromptBuilder("dag", 3, style).build(Query("q1", question), _pasteur(), cases, [_pasteur()],
+                                                      Links(("French",)), [Links(("Louis Pasteur",))])
+        case_block, target_block = prompt.user.split(f"Question: {question}\n")
+        if style == "triples":
+            assert prompt == PromptBuilder("dag", 3).build(Query("q1", question), _pasteur(), cases, [_pasteur()],
+                                                           Links(("French",)), [Links(("Louis Pasteur",))])
+            assert "- Louis Pasteur | native language | French\n" in target_block and "Relate[" not in prompt.user
+            continue
+        # The target names French: its fact reads backward; the case names Pasteur: forward.
+        assert target_block.startswith("Entities in the question: French\nOntology:\n"
+                                       "- human | has attribute | date of birth (date)\nFacts:\n"
+                                       "- Find[French] → Relate[native language | backward] → Louis Pasteur\n"
+                                       "- Find[Louis Pasteur] → QueryAttr[date of birth] → 1822-12-27\n")
+        assert target_block.endswith(f"(point in time: 1874)\n{PROGRAM_SLOT}\n")
+        assert "- Find[Louis Pasteur] → Relate[native language | forward] → French\n" in case_block
+        assert "| native language |" not in prompt.user and prompt.system == system_text("dag")

@@ -22,6 +22,7 @@ CHECKPOINTS_DIR = "checkpoints"
 # merged (``load_config`` names it with the valid values). The code that implements each keeps
 # its own table of the same names (named below); tests/test_config_defaults.py checks they agree.
 ProgramFormat = Literal["dag", "chain"]  # prompt.format: cbr2.kopl.text.FORMATS
+KnowledgeStyle = Literal["triples", "steps"]  # prompt.knowledge_style: cbr2.generation.prompt.KNOWLEDGE_STYLES
 CaseMode = Literal["dual", "semantic", "structural", "random", "none"]  # retrieval.cases: retriever.CASE_MODES
 IndexKind = Literal["flat", "hnsw", "ivf"]  # retrieval.index: cbr2.retrieval.index.INDEX_KINDS
 EncoderBackend = Literal["auto", "torch", "onnx", "onnx-int8"]  # retrieval.encoder_backend: encoders.BACKENDS
@@ -108,13 +109,22 @@ class LLMConfig:
 
 @dataclass
 class PromptConfig:
-    """How programs are written as text."""
+    """How programs and retrieved knowledge are written as text."""
 
     format: ProgramFormat = "dag"
     """``dag`` (the paper's structure-aware form) or ``chain`` (one step per line)."""
     case_triples: int | None = bounded(2, 0)
     """Ontology and fact triples shown with each case, of each kind (null: all retrieved; the
     paper does not give the number). The target question always shows its K_o + K_f."""
+    knowledge_style: KnowledgeStyle = "triples"
+    """How fact triples are shown: ``triples`` (``Louis Pasteur | native language | French``) or
+    ``steps``, the KoPL steps that reach each fact, in the program's own syntax
+    (``Find[French] → Relate[native language | backward] → Louis Pasteur``,
+    ``Find[X] → QueryAttr[date of birth] → 1822-12-27``, ``Find[X] → FilterConcept[human]``), so a
+    small model copies the function, direction and argument instead of inferring them. A relation
+    fact reads backward when its object is an entity the question names (``retrieval.link``) and
+    its subject is not; without linking every one reads forward. Ontology triples are shown as
+    triples in both."""
 
 
 @dataclass

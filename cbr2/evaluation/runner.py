@@ -81,12 +81,12 @@ def build_prompts(prompt: DictConfig, generation: DictConfig, questions: Sequenc
     itself: its gold program and answer cannot reach the prompt.
 
     Args:
-        prompt: The ``prompt`` section (program format, triples per case).
+        prompt: The ``prompt`` section (program format, triples per case, knowledge style).
         generation: The ``generation`` section (grounded decoding shows its candidates).
         questions: The questions, in order.
         retrieved: What retrieval returned, by question id (a question without it gets none).
     """
-    builder = PromptBuilder(prompt.format, prompt.case_triples)
+    builder = PromptBuilder(prompt.format, prompt.case_triples, prompt.knowledge_style)
     empty = Retrieved(Query("", ""), Knowledge(), [])
     ground = generation.grounded and generation.constrained
     prompts = []

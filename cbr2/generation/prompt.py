@@ -25,7 +25,9 @@ questions, shown with their gold programs (that is what a case is for).
 Any change to the wording or layout must bump ``PROMPT_VERSION``: the version is recorded
 with every result, and the predictions cache is keyed by the prompt's hash. The correction
 prompt of the adaptive fallback (``correction_prompt``, ``generation.fallback``) is versioned
-apart, by ``FALLBACK_VERSION``.
+apart, by ``FALLBACK_VERSION``. A new style behind a switch (``prompt.knowledge_style``) whose
+default leaves the text as it was needs no bump: the run's config records the switch, and the
+hash keys the text either way.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 from cbr2.common.records import Prompt
@@ -50,6 +52,9 @@ PROMPT_VERSION = "cbr2-prompt-2"
 """Bump on any change to what a prompt says or how it is laid out."""
 
 PROGRAM_SLOT = "Program:"
+
+KNOWLEDGE_STYLES = ("triples", "steps")
+"""How fact triples are shown (``prompt.knowledge_style``): their text, or ``fact_steps``."""
 
 _ROLE = (
     "You translate questions about a knowledge base (KB) into KoPL programs. KoPL programs are built from "
@@ -118,19 +123,65 @@ def system_text(fmt: str) -> str:
     return f"{_ROLE}\n\n{_SYNTAX[fmt]}\n\n{_TYPES}\n\nFunctions (inputs → output):\n{functions}"
 
 
-def knowledge_text(knowledge: Knowledge, limit: int | None = None) -> str:
+def fact_steps(fact: Triple, linked: Collection[str] = ()) -> str:
+    """A fact triple as the KoPL steps that reach it, in the program's own syntax.
+
+    A relation fact reads forward from its subject, or backward from its object when the object
+    is one of ``linked`` and the subject is not: the chain then starts where the question's
+    program starts. An attribute fact is its ``QueryAttr`` step and value, an ``instance of``
+    fact its ``FilterConcept`` step. Qualifiers follow in brackets, as in ``Triple.text``.
+    A triple of no known kind (its ``terms`` name none) is shown as its text.
+
+    Args:
+        fact: A fact triple (``cbr2.kb.triples.fact_triples``).
+        linked: The entity names the question names (``Links.entities``).
+    """
+    s, p, o = fact.subject, fact.predicate, fact.object
+    if ("relation", p) in fact.terms:
+        if o in linked and s not in linked:
+            steps = f"Find[{o}] → Relate[{p} | backward] → {s}"
+        else:
+            steps = f"Find[{s}] → Relate[{p} | forward] → {o}"
+    elif ("key", p) in fact.terms:
+        steps = f"Find[{s}] → QueryAttr[{p}] → {o}"
+    elif ("concept", o) in fact.terms:
+        steps = f"Find[{s}] → FilterConcept[{o}]"
+    else:
+        return fact.text
+    if fact.qualifiers:
+        steps += " (" + "; ".join(f"{k}: {v}" for k, v in fact.qualifiers) + ")"
+    return steps
+
+
+def _check_style(style: str) -> None:
+    if style not in KNOWLEDGE_STYLES:
+        raise ValueError(f"unknown prompt.knowledge_style {style!r}; expected one of {', '.join(KNOWLEDGE_STYLES)}")
+
+
+def knowledge_text(knowledge: Knowledge, limit: int | None = None, style: str = "triples",
+                   links: Links | None = None) -> str:
     """Ontology and fact triples as two bulleted sections; an empty kind is left out.
 
     Args:
         knowledge: Retrieved triples, best first.
         limit: Show at most this many triples of each kind (None: all).
+        style: How facts are shown: ``triples`` (their text) or ``steps`` (``fact_steps``).
+        links: What the question names; ``steps`` orients relation facts from its entities
+            (None: every relation fact forward).
+
+    Raises:
+        ValueError: If ``style`` is not one of ``KNOWLEDGE_STYLES``.
     """
+    _check_style(style)
+    linked = frozenset(links.entities) if links is not None else frozenset()
+    fact_line = (lambda t: t.text) if style == "triples" else (lambda t: fact_steps(t, linked))
     lines = []
-    for title, triples in (("Ontology", knowledge.ontology), ("Facts", knowledge.facts)):
+    for title, triples, show in (("Ontology", knowledge.ontology, lambda t: t.text),
+                                 ("Facts", knowledge.facts, fact_line)):
         shown: Sequence[Triple] = triples if limit is None else triples[:limit]
         if shown:
             lines.append(f"{title}:")
-            lines += [f"- {t.text}" for t in shown]
+            lines += [f"- {show(t)}" for t in shown]
     return "\n".join(lines)
 
 
@@ -146,8 +197,9 @@ def links_text(links: Links | None) -> str:
     return "\n".join(lines)
 
 
-def _block(question: str, knowledge: Knowledge, limit: int | None, links: Links | None = None) -> str:
-    parts = [f"Question: {question}", links_text(links), knowledge_text(knowledge, limit), PROGRAM_SLOT]
+def _block(question: str, knowledge: Knowledge, limit: int | None, links: Links | None = None,
+           style: str = "triples") -> str:
+    parts = [f"Question: {question}", links_text(links), knowledge_text(knowledge, limit, style, links), PROGRAM_SLOT]
     return "\n".join(p for p in parts if p)
 
 
@@ -158,11 +210,18 @@ class PromptBuilder:
         fmt: Program text form of the cases and of the expected answer: ``dag`` or ``chain``.
         case_triples: Triples of each kind shown with each case (None: all that were
             retrieved for it). The target question always shows all of its K_o + K_f.
+        knowledge_style: How facts are shown: ``triples`` or ``steps`` (``fact_steps``); each
+            block's facts are oriented by its own question's links.
+
+    Raises:
+        ValueError: If ``fmt`` or ``knowledge_style`` is not one of the known names.
     """
 
-    def __init__(self, fmt: str = "dag", case_triples: int | None = 3):
+    def __init__(self, fmt: str = "dag", case_triples: int | None = 3, knowledge_style: str = "triples"):
+        _check_style(knowledge_style)  # at construction: a misspelt style fails before any retrieval
         self.fmt = fmt
         self.case_triples = case_triples
+        self.knowledge_style = knowledge_style
         self.system = system_text(fmt)
 
     def build(self, query: Query, knowledge: Knowledge, cases: Sequence[Case],
@@ -183,9 +242,11 @@ class PromptBuilder:
         case_links = case_links if case_links is not None else [None] * len(cases)
         # The most relevant case goes last, next to the question: few-shot models copy the
         # nearest example most.
-        examples = [f"{_block(c.question.question, k, self.case_triples, cl)}\n{to_text(c.question.program, self.fmt)}"
+        style = self.knowledge_style
+        examples = [f"{_block(c.question.question, k, self.case_triples, cl, style)}\n"
+                    f"{to_text(c.question.program, self.fmt)}"
                     for c, k, cl in reversed(list(zip(cases, case_knowledge, case_links, strict=True)))]
-        target = _block(query.text, knowledge, None, links)
+        target = _block(query.text, knowledge, None, links, style)
         user = "\n\n".join([*examples, target]) + "\n"
         return Prompt(query.qid, self.system, user, grounding)
 
