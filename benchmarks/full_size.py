@@ -27,6 +27,9 @@ row:
 
 Prints the table and writes ``OUT/results.json`` and ``OUT/report.md``; each child's log is in
 ``OUT/logs/``. Timings depend on what else runs: every row has the 1-minute load average.
+``--resume`` keeps the rows of ``OUT/results.json`` that ended well and runs only the stages after
+them, on the caches, checkpoints and runs those stages left (a long run stopped between stages
+goes on where it stopped, without building its cold cache again).
 """
 
 from __future__ import annotations
@@ -50,12 +53,31 @@ STARTUP = re.compile(r"start-up: ([0-9.]+) s, the untrained baseline's validatio
 class Bench:
     """Runs the stages' commands and collects their rows."""
 
-    def __init__(self, out: Path, env: dict[str, str]):
+    def __init__(self, out: Path, env: dict[str, str], resume: bool = False):
         self.out, self.env, self.rows = out, env, []
         (out / "logs").mkdir(parents=True, exist_ok=True)
+        results = out / "results.json"
+        # Only the leading rows that ended well: a stage after a failed one ran on what it left.
+        self.done: dict[str, dict[str, Any]] = {}
+        if resume and results.is_file():
+            for row in json.loads(results.read_text(encoding="utf-8")):
+                if row.get("rc"):
+                    break
+                self.done[row["stage"]] = row
+
+    def finished(self, *stages: str) -> bool:
+        """Whether every one of ``stages`` has a row kept by ``--resume``."""
+        return all(s in self.done for s in stages)
 
     def run(self, stage: str, cmd: list[str], **extra: Any) -> dict[str, Any]:
-        """Run ``cmd``; its row (``stage, seconds, peak_rss_gb, rc, load_1m``, ``extra``)."""
+        """Run ``cmd``; its row (``stage, seconds, peak_rss_gb, rc, load_1m``, ``extra``). A row
+        kept by ``--resume`` is taken as it is, without running ``cmd``."""
+        if stage in self.done:
+            row = self.done[stage]
+            self.rows.append(row)
+            print(f"  {stage}: {row['seconds']:.1f} s, peak {row['peak_rss_gb']:.2f} GB (kept from {self.out})",
+                  flush=True)
+            return row
         log = self.out / "logs" / (re.sub(r"[^a-z0-9]+", "-", stage.lower()).strip("-") + ".log")
         start = time.perf_counter()
         with log.open("w", encoding="utf-8") as handle:
@@ -123,12 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", default="full,chain", help="the two Table-5 settings of the sweep")
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--sample", type=int, default=200, help="questions rerun on the official engine")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep OUT/results.json's rows that ended well and run only the stages after them")
     args = parser.parse_args(argv)
 
     out = args.out.resolve()
     data, cache = out / "data", out / "cache"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "CBR2_CACHE_DIR": str(cache)}
-    bench = Bench(out, env)
+    bench = Bench(out, env, args.resume)
     print(f"full-size benchmark at scale {args.scale} in {out}", flush=True)
     stats = generate(bench, data, args.scale, args.seed)
 
@@ -139,9 +163,12 @@ def main(argv: list[str] | None = None) -> int:
              "sys.exit(1 if wrong else 0)")
     bench.run("check answers (kopl, sample)", _python(check, str(data), str(args.sample)), sample=args.sample)
 
-    shutil.rmtree(cache, ignore_errors=True)
     checkpoints = out / "checkpoints"
-    shutil.rmtree(checkpoints, ignore_errors=True)
+    if not bench.finished("train start-up", "evaluate cold"):
+        # The cold run must find only what training left in the cache: both run again.
+        bench.done.pop("train start-up", None)
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(checkpoints, ignore_errors=True)
     common = ["data.name=kqapro", f"data.root={data}", "wandb.mode=disabled"]
     train = bench.run("train start-up", [sys.executable, "train.py", *common, f"trainer.max_steps={args.train_steps}",
                                          f"structural.checkpoints_dir={checkpoints}", f"output_dir={out / 'train'}"])
@@ -152,9 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     evaluate = [sys.executable, "evaluate.py", *common, "data.split=val", "eval.per_category=null", "llm.backend=gold",
                 f"structural.checkpoints_dir={checkpoints}"]
     runs = out / "runs"
-    shutil.rmtree(runs, ignore_errors=True)
+    if not bench.finished("evaluate cold"):
+        shutil.rmtree(runs, ignore_errors=True)
     bench.run("evaluate cold", [*evaluate, f"output_dir={runs / 'cold'}"], questions=stats["val"])
     warm = runs / "warm"
+    if not bench.finished("evaluate warm"):
+        shutil.rmtree(warm, ignore_errors=True)  # its predictions would make a rerun a cache read
     bench.run("evaluate warm", [*evaluate, f"output_dir={warm}"], questions=stats["val"])
     report = ("import json, sys; from pathlib import Path; from cbr2.evaluation.run_report import write_report; "
               "run = Path(sys.argv[1]); write_report(run / 'report.md', json.loads((run / 'metrics.json').read_text()))")
@@ -169,9 +199,16 @@ def main(argv: list[str] | None = None) -> int:
               f"first page ({timing['blank_s']:.2f} s for a blank page)", flush=True)
 
     sharded = runs / "sharded"
-    shard_rows = [bench.run(f"shard {i} of {args.shards}", [*evaluate, f"output_dir={sharded}",
+    shard_stages = [f"shard {i} of {args.shards}" for i in range(args.shards)]
+    if not bench.finished(*shard_stages):
+        # All again: a shard would resume from its predictions, and the merge needs every folder.
+        for stage in shard_stages:
+            bench.done.pop(stage, None)
+        shutil.rmtree(sharded, ignore_errors=True)
+    shard_rows = [bench.run(shard_stages[i], [*evaluate, f"output_dir={sharded}",
                                                              f"eval.num_shards={args.shards}", f"eval.shard={i}"])
                   for i in range(args.shards)]
+    bench.done.pop(f"{args.shards} shards (sum)", None)
     bench.rows.append({"stage": f"{args.shards} shards (sum)", "seconds": sum(r["seconds"] for r in shard_rows),
                        "peak_rss_gb": max(r["peak_rss_gb"] for r in shard_rows), "rc": 0,
                        "load_1m": os.getloadavg()[0]})
@@ -180,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                                               "--out", str(sharded)])
 
     sweeps = out / "sweeps"
-    shutil.rmtree(sweeps, ignore_errors=True)
+    if not bench.finished("sweep tasks (2 settings)"):
+        shutil.rmtree(sweeps, ignore_errors=True)
     bench.run("sweep tasks (2 settings)", [sys.executable, "-m", "cbr2.cluster.sweep", "submit", "--local",
                                            "--name", "table5", "--dir", str(sweeps), "--ablations", args.settings,
                                            *common, "data.split=val", "eval.per_category=null", "llm.backend=gold",
