@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", default="full,chain", help="the two Table-5 settings of the sweep")
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--sample", type=int, default=200, help="questions rerun on the official engine")
+    parser.add_argument("--index", default="ivf", choices=("flat", "hnsw", "ivf"),
+                        help="retrieval.index of the evaluate stages (default: %(default)s; exact flat search of "
+                             "650k facts costs ~0.4 s per question on 2 cores, docs/results/scale.md)")
     parser.add_argument("--resume", action="store_true",
                         help="keep OUT/results.json's rows that ended well and run only the stages after them")
     args = parser.parse_args(argv)
@@ -177,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         train.update(startup_s=float(found.group(1)), baseline_validation_s=float(found.group(2)))
 
     evaluate = [sys.executable, "evaluate.py", *common, "data.split=val", "eval.per_category=null", "llm.backend=gold",
-                f"structural.checkpoints_dir={checkpoints}"]
+                f"structural.checkpoints_dir={checkpoints}", f"retrieval.index={args.index}"]
     runs = out / "runs"
     if not bench.finished("evaluate cold"):
         shutil.rmtree(runs, ignore_errors=True)
@@ -222,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.run("sweep tasks (2 settings)", [sys.executable, "-m", "cbr2.cluster.sweep", "submit", "--local",
                                            "--name", "table5", "--dir", str(sweeps), "--ablations", args.settings,
                                            *common, "data.split=val", "eval.per_category=null", "llm.backend=gold",
-                                           f"structural.checkpoints_dir={checkpoints}"])
+                                           f"structural.checkpoints_dir={checkpoints}", f"retrieval.index={args.index}"])
     bench.run("finalize", [sys.executable, "-m", "cbr2.cluster.sweep", "finalize", str(sweeps / "table5")])
 
     table = render(bench.rows, args.scale, stats)
