@@ -107,6 +107,21 @@ def test_progress_rates_count_only_what_this_process_did(caplog, monkeypatch):
     assert lines[1] == "generate 7/10 (70%) · 30.00s/q · 00:30 elapsed · about 01:30 left"
 
 
+def test_a_display_inside_another_logs_plain_lines(caplog):
+    import logging
+
+    from cbr2.common.console import progress
+
+    # pytest's stderr is no terminal: the logged lines, as in a Slurm job's log
+    with caplog.at_level(logging.INFO, logger="cbr2.progress"), progress(total=2, desc="retrieve", unit="q") as outer:
+        with progress(total=3, desc="encoding", unit="text") as inner:
+            inner.update(3)
+        outer.update(2)
+    lines = [r.getMessage() for r in caplog.records if r.name == "cbr2.progress"]
+    assert any(ln.startswith("encoding 3/3") for ln in lines) and any(ln.startswith("retrieve 2/2") for ln in lines)
+    assert all("\x1b" not in ln and ln.strip() for ln in lines), lines
+
+
 def test_progress_on_a_terminal_is_a_tqdm_bar(monkeypatch, caplog):
     import io
     import sys

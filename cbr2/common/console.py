@@ -111,6 +111,9 @@ def did_you_mean(value: object, choices: Iterable[object], n: int = 2, cutoff: f
     return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
+_CURSOR_MOVES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 class _LogLines:
     """A file for tqdm that logs each status it writes as one line (tqdm writes ``\\r`` + status)."""
 
@@ -118,7 +121,9 @@ class _LogLines:
         self.log = logger
 
     def write(self, text: str) -> None:
-        text = text.strip()
+        # A display opened inside another (encoding inside "retrieve") sits one row lower, and
+        # tqdm moves the cursor back up with an escape sequence: meaningless in a log line.
+        text = _CURSOR_MOVES.sub("", text).strip()
         if text:
             self.log.info("%s", text)
 
