@@ -105,7 +105,10 @@ def generate(bench: Bench, data: Path, scale: float, seed: int) -> dict[str, Any
     key = {"generator_version": VERSION, "scale": scale, "seed": seed}
     meta = data / "generate.json"
     if meta.is_file() and json.loads(meta.read_text())["key"] == key:
-        print(f"  generate: reusing {data}", flush=True)
+        if "generate" in bench.done:  # a resumed run keeps the row of the generation it reuses
+            bench.run("generate", [])
+        else:
+            print(f"  generate: reusing {data}", flush=True)
         return json.loads(meta.read_text())["stats"]
     code = ("import json, sys; from cbr2.data.builders.synthetic_kqapro import write_benchmark; "
             "print('STATS', json.dumps(write_benchmark(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]))))")
