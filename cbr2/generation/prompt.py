@@ -148,9 +148,7 @@ def fact_steps(fact: Triple, linked: Collection[str] = ()) -> str:
         steps = f"Find[{s}] → FilterConcept[{o}]"
     else:
         return fact.text
-    if fact.qualifiers:
-        steps += " (" + "; ".join(f"{k}: {v}" for k, v in fact.qualifiers) + ")"
-    return steps
+    return steps + fact.qualifier_text
 
 
 def _check_style(style: str) -> None:

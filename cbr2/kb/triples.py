@@ -54,10 +54,12 @@ class Triple:
     @property
     def text(self) -> str:
         """``subject | predicate | object`` with qualifiers in brackets: short and unambiguous."""
-        base = f"{self.subject} | {self.predicate} | {self.object}"
-        if self.qualifiers:
-            base += " (" + "; ".join(f"{k}: {v}" for k, v in self.qualifiers) + ")"
-        return base
+        return f"{self.subject} | {self.predicate} | {self.object}{self.qualifier_text}"
+
+    @property
+    def qualifier_text(self) -> str:
+        """`` (key: value; ...)`` of the fact's qualifiers, or "" without any."""
+        return " (" + "; ".join(f"{k}: {v}" for k, v in self.qualifiers) + ")" if self.qualifiers else ""
 
 
 def _qualifiers(raw: dict) -> tuple[tuple[str, str], ...]:
