@@ -6,6 +6,7 @@ import json
 import logging
 import shutil
 
+import faiss
 import numpy as np
 import pytest
 
@@ -115,10 +116,9 @@ def _entry(tmp_path):
     return entry
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "stale_meta", "no_meta", "index"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "stale_meta", "no_meta"])
 def test_a_corrupt_or_stale_entry_is_rebuilt_never_used(tmp_path, caplog, damage):
-    store, calls = EmbeddingStore(tmp_path), []
-    kind = "hnsw" if damage == "index" else "flat"
+    store, calls, kind = EmbeddingStore(tmp_path), [], "flat"
     texts = [f"t{i}" for i in range(1200)]
     good, _ = store.get("facts", texts, "enc", "w", _counting_embed(calls), kind)
     entry = _entry(tmp_path)
@@ -131,16 +131,35 @@ def test_a_corrupt_or_stale_entry_is_rebuilt_never_used(tmp_path, caplog, damage
     elif damage == "stale_meta":
         meta = json.loads((entry / "meta.json").read_text())
         (entry / "meta.json").write_text(json.dumps({**meta, "content": "0" * 64}))
-    elif damage == "no_meta":
-        (entry / "meta.json").unlink()
     else:
-        (entry / "index.faiss").write_bytes(b"not an index")
+        (entry / "meta.json").unlink()
     rebuilt, index = store.get("facts", texts, "enc", "w", _counting_embed(calls), kind)
     assert calls == [1200, 1200], "a damaged entry must be re-encoded"
     assert np.array_equal(rebuilt, good) and index.ntotal == 1200
     assert any(r.levelno == logging.WARNING for r in caplog.records)  # said, not silent
     store.get("facts", texts, "enc", "w", _counting_embed(calls), kind)
     assert calls == [1200, 1200], "the rebuilt entry is reused"
+
+
+def test_another_index_kind_reuses_the_embeddings_and_is_stored_once(tmp_path, caplog):
+    store, calls = EmbeddingStore(tmp_path), []
+    texts = [f"t{i}" for i in range(1200)]
+    good, _ = store.get("facts", texts, "enc", "w", _counting_embed(calls), "flat")
+    entry = _entry(tmp_path)
+    assert not list(entry.glob("index-*")), "a flat index is rebuilt, never stored"
+    emb, hnsw = store.get("facts", texts, "enc", "w", _counting_embed(calls), "hnsw")
+    assert calls == [1200], "switching the index kind must not encode again"
+    assert isinstance(hnsw, faiss.IndexHNSWFlat) and hnsw.ntotal == 1200 and np.array_equal(emb, good)
+    stored = (entry / "index-hnsw.faiss").read_bytes()
+    again = store.get("facts", texts, "enc", "w", _counting_embed(calls), "hnsw")[1]
+    assert isinstance(again, faiss.IndexHNSWFlat) and (entry / "index-hnsw.faiss").read_bytes() == stored
+    assert search(again, good[:5], 1)[1][:, 0].tolist() == search(hnsw, good[:5], 1)[1][:, 0].tolist()
+    # A damaged index costs only the index: rebuilt from the embeddings, with a warning.
+    (entry / "index-hnsw.faiss").write_bytes(b"not an index")
+    rebuilt = store.get("facts", texts, "enc", "w", _counting_embed(calls), "hnsw")[1]
+    assert calls == [1200] and rebuilt.ntotal == 1200
+    assert any(r.levelno == logging.WARNING and "index is unusable" in r.message for r in caplog.records)
+    assert (entry / "index-hnsw.faiss").read_bytes() != b"not an index"
 
 
 # ---------------------------------------------------------------- knowledge and cases

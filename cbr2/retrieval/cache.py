@@ -1,9 +1,13 @@
 """On-disk cache of embeddings and FAISS indexes, keyed by encoder, weights and content.
 
-An entry is a folder ``{label}-{key}`` holding ``embeddings.npy``, the index when it is not
-``flat`` (a flat index is rebuilt from the embeddings in milliseconds) and ``meta.json``. The
-key hashes the encoder name, a fingerprint of its weights, the exact texts embedded and the
-cache format, so a fine-tuned encoder or a changed KB never reuses an entry. Entries are
+An entry is a folder ``{label}-{key}`` holding ``embeddings.npy`` and ``meta.json``. The key
+hashes the encoder name, a fingerprint of its weights, the exact texts embedded and the cache
+format, so a fine-tuned encoder or a changed KB never reuses an entry. The index kind is not
+part of the key: the embeddings do not depend on it, and re-encoding a million facts to try
+another index would cost an hour on a CPU. An approximate index is stored beside the
+embeddings the first time it is asked for (``index-{kind}.faiss`` with ``index-{kind}.json``,
+its checksum, written last); a flat index is rebuilt from the embeddings in milliseconds. A
+damaged index file costs only the index, rebuilt from the embeddings with a warning. Entries are
 written to a temporary folder and renamed (``common.files.publish_folder``), under a build lock, so concurrent SLURM tasks
 build an entry once and never see a half-written one. On load, the metadata, sizes, dtype
 and checksums are verified; an entry that does not match, whatever is wrong with it, is
@@ -38,10 +42,10 @@ from cbr2.retrieval.index import build_index
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
-"""Bump when the entry layout or the meaning of a key changes."""
+FORMAT = 2
+"""Bump when the entry layout or the meaning of a key changes (2: the index kind left the key)."""
 
-PARTIAL_FORMAT = 1
+PARTIAL_FORMAT = 2
 """Bump when the layout of a partial (resumable) build changes; older partials are then discarded."""
 
 CHUNK_TEXTS = 8192
@@ -126,29 +130,82 @@ class EmbeddingStore:
             index_kind: ``flat``, ``hnsw`` or ``ivf``.
         """
         meta = {"format": FORMAT, "encoder": encoder, "weights": fingerprint, "content": content_hash(texts),
-                "n": len(texts), "index": index_kind}
+                "n": len(texts)}
         key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:20]
         entry = self.root / f"{label}-{key}"
-        loaded = self._load(entry, meta)
-        if loaded is None:
+        embeddings = self._load(entry, meta)
+        if embeddings is None:
             with build_lock(entry, f"the {label} embeddings"):
-                loaded = self._load(entry, meta)  # built by another task while this one waited?
-                if loaded is None:
-                    return self._build(entry, meta, texts, label, encoder, embed, index_kind)
+                embeddings = self._load(entry, meta)  # built by another task while this one waited?
+                if embeddings is None:
+                    embeddings = self._build(entry, meta, texts, label, encoder, embed)
+                    return embeddings, self._index(entry, embeddings, index_kind, label)
         log.info("cache hit: %s (%d %s)", entry, len(texts), label)
-        return loaded
+        return embeddings, self._index(entry, embeddings, index_kind, label)
 
     def _build(self, entry: Path, meta: dict, texts: Sequence[str], label: str, encoder: str,
-               embed: Callable[[Sequence[str]], np.ndarray], index_kind: str) -> tuple[np.ndarray, faiss.Index]:
+               embed: Callable[[Sequence[str]], np.ndarray]) -> np.ndarray:
         log.info("encoding %d %s with %s (cache: %s)", len(texts), label, encoder, entry)
         if len(texts) > self.chunk_size:
             embeddings = self._encode_in_parts(entry, meta, texts, label, embed)
         else:
             embeddings = _checked(embed(texts), len(texts))
-        index = build_index(embeddings, index_kind)
-        self._save(entry, meta, embeddings, index, index_kind)
+        self._save(entry, meta, embeddings)
         remove_path(_partial(entry))
-        return embeddings, index
+        return embeddings
+
+    def _index(self, entry: Path, embeddings: np.ndarray, kind: str, label: str) -> faiss.Index:
+        """The ``kind`` index over an entry's embeddings: read from the entry, or built (and stored
+        there when the entry exists, so the next run reads it)."""
+        index = build_index(embeddings, kind) if kind == "flat" else self._read_index(entry, embeddings, kind)
+        if index is not None:
+            return index
+        with build_lock(entry / f"index-{kind}.faiss", f"the {label} {kind} index"):
+            index = self._read_index(entry, embeddings, kind)  # built by another task meanwhile?
+            if index is None:
+                log.info("building a %s index over %d %s", kind, len(embeddings), label)
+                index = build_index(embeddings, kind)
+                if entry.is_dir() and not isinstance(index, faiss.IndexFlat):  # small sets fall back to flat
+                    self._save_index(entry, index, kind)
+        return index
+
+    @staticmethod
+    def _read_index(entry: Path, embeddings: np.ndarray, kind: str) -> faiss.Index | None:
+        """The stored ``kind`` index of ``entry``, or None when there is none or it is unusable
+        (then removed with a warning: only the index is rebuilt, the embeddings are fine)."""
+        path, record_path = entry / f"index-{kind}.faiss", entry / f"index-{kind}.json"
+        if not record_path.is_file():
+            return None
+        try:
+            record = json.loads(record_path.read_text(encoding="utf-8"))
+            if not isinstance(record, dict) or file_sha256(path) != record.get("sha256"):
+                raise ValueError(f"{path.name} does not match its checksum")
+            index = faiss.read_index(str(path))
+            if index.ntotal != len(embeddings) or index.d != embeddings.shape[1]:
+                raise ValueError(f"{path.name} holds {index.ntotal} vectors of {index.d} dimensions, "
+                                 f"expected {len(embeddings)} of {embeddings.shape[1]}")
+            return index
+        except MemoryError:
+            raise
+        except Exception as err:  # noqa: BLE001 - any unusable index is rebuilt from the embeddings
+            log.warning("cache entry %s: its %s index is unusable (%s: %s); building it again from the embeddings",
+                        entry, kind, type(err).__name__, err)
+            record_path.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
+            return None
+
+    @staticmethod
+    def _save_index(entry: Path, index: faiss.Index, kind: str) -> None:
+        """Store an index beside the embeddings: the file, then its record (the mark that it is whole)."""
+        path = entry / f"index-{kind}.faiss"
+        tmp = entry / f".{path.name}.tmp"
+        try:
+            faiss.write_index(index, str(tmp))
+            os.replace(tmp, path)
+            write_atomic(entry / f"index-{kind}.json", json.dumps({"sha256": file_sha256(path)}) + "\n")
+        except (OSError, RuntimeError) as err:  # FAISS raises RuntimeError on a failed write
+            tmp.unlink(missing_ok=True)
+            log.warning("could not store the %s index in %s (%s); it is built again next time", kind, entry, err)
 
     def _encode_in_parts(self, entry: Path, meta: dict, texts: Sequence[str], label: str,
                          embed: Callable[[Sequence[str]], np.ndarray]) -> np.ndarray:
@@ -214,8 +271,8 @@ class EmbeddingStore:
                 stale.unlink(missing_ok=True)
         return out, done
 
-    def _load(self, entry: Path, meta: dict) -> tuple[np.ndarray, faiss.Index] | None:
-        """The entry's embeddings and index, or None when it is missing or unusable.
+    def _load(self, entry: Path, meta: dict) -> np.ndarray | None:
+        """The entry's embeddings, or None when the entry is missing or unusable.
 
         An unusable entry (of any kind: missing or truncated files, a ``meta.json`` that is
         not the expected object, a checksum mismatch, vectors of another dtype or shape, a
@@ -225,7 +282,7 @@ class EmbeddingStore:
         return open_entry(entry, lambda folder: self._read(folder, meta), log, "cache entry")
 
     @staticmethod
-    def _read(entry: Path, meta: dict) -> tuple[np.ndarray, faiss.Index]:
+    def _read(entry: Path, meta: dict) -> np.ndarray:
         stored = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
         if not isinstance(stored, dict):
             raise TypeError(f"meta.json holds a JSON {type(stored).__name__}, not an object")
@@ -242,27 +299,15 @@ class EmbeddingStore:
         if embeddings.shape != expected or embeddings.dtype != np.float32:
             raise ValueError(f"embeddings are {embeddings.dtype} of shape {embeddings.shape}, "
                              f"expected float32 of shape {expected}")
-        if stored.get("index_sha256"):
-            idx_path = entry / "index.faiss"
-            if file_sha256(idx_path) != stored["index_sha256"]:
-                raise ValueError("index.faiss does not match its checksum")
-            index = faiss.read_index(str(idx_path))
-        else:
-            index = build_index(embeddings, "flat")
-        if index.ntotal != meta["n"] or index.d != dim:
-            raise ValueError(f"index holds {index.ntotal} vectors of {index.d} dimensions, expected {meta['n']} of {dim}")
-        return embeddings, index
+        return embeddings
 
-    def _save(self, entry: Path, meta: dict, embeddings: np.ndarray, index: faiss.Index, kind: str) -> None:
+    def _save(self, entry: Path, meta: dict, embeddings: np.ndarray) -> None:
         written = False
 
         def write(tmp: Path) -> None:
             nonlocal written
             np.save(tmp / "embeddings.npy", embeddings, allow_pickle=False)
             record = {**meta, "dim": int(embeddings.shape[1]), "embeddings_sha256": file_sha256(tmp / "embeddings.npy")}
-            if kind != "flat" and not isinstance(index, faiss.IndexFlat):
-                faiss.write_index(index, str(tmp / "index.faiss"))
-                record["index_sha256"] = file_sha256(tmp / "index.faiss")
             (tmp / "meta.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
             written = True
 
