@@ -328,6 +328,31 @@ def test_prompts_never_see_the_gold_programs_or_answers_of_the_evaluated_split(t
 
 
 @pytest.mark.slow
+def test_cached_question_embeddings_give_the_same_retrieval_and_are_not_encoded_again(tmp_path, caplog, monkeypatch):
+    """A rerun reads the questions' embeddings from the cache: the same retrieval, no encoding."""
+    monkeypatch.setenv("CBR2_CACHE_DIR", str(tmp_path / "cache"))
+    on = ("eval.limit=12", "retrieval.link=true", "retrieval.mask_mentions=true")
+    _, first = _retrieval_run(tmp_path / "a", EMBEDDED_ROOT / "mini-kqapro", "mini-kqapro", *on)
+    assert {p.name.split("-")[1] for p in (tmp_path / "cache").glob("queries-*")} == {"written", "masked"}
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="cbr2.retrieval.cache"):
+        _, again = _retrieval_run(tmp_path / "b", EMBEDDED_ROOT / "mini-kqapro", "mini-kqapro", *on)
+    assert again == first
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("cache hit" in m and "queries-" in m for m in messages) == 3  # written/semantic, masked/both views
+    assert not [m for m in messages if m.startswith("encoding")], messages
+    # Uncached (one batch, as a benchmark or the browser asks) is the same embeddings.
+    from cbr2.retrieval.retriever import Retriever
+
+    cfg = load_config(["data.name=mini-kqapro", BACKBONE, "retrieval.link=true", "retrieval.mask_mentions=true"])
+    retriever = Retriever(Benchmark("mini-kqapro"), cfg.retrieval, cfg.structural.checkpoint)
+    queries = [Query(q.qid, q.question) for q in Benchmark("mini-kqapro").questions("val")[:5]]
+    cached, fresh = retriever.encode(queries, cache=True), retriever.encode(queries)
+    assert cached.keys() == fresh.keys() == {"written/semantic", "masked/semantic", "masked/structural"}
+    assert all(np.array_equal(cached[k], fresh[k]) for k in fresh)
+
+
+@pytest.mark.slow
 def test_a_training_question_is_never_its_own_case(tmp_path):
     _, lines = _retrieval_run(tmp_path, EMBEDDED_ROOT / "mini-metaqa", "mini-metaqa", "data.split=train",
                               "eval.limit=30", "retrieval.k_facts=0", "retrieval.k_ontology=0")

@@ -325,11 +325,13 @@ def run_retrieval(cfg: DictConfig, bench: Benchmark, questions: list[Question], 
         return None, {}
     retriever = Retriever(bench, r, cfg.structural.checkpoint, extra_views)
     start = time.perf_counter()
+    queries = [Query(q.qid, q.question) for q in questions]
+    embeddings = retriever.encode(queries, cache=True)
     retrieved: list[Retrieved] = []
-    with progress(total=len(questions), desc="retrieve", unit="q", disable=len(questions) <= BATCH) as bar:
-        for i in range(0, len(questions), BATCH):
-            batch = questions[i: i + BATCH]
-            retrieved += retriever.retrieve([Query(q.qid, q.question) for q in batch])
+    with progress(total=len(queries), desc="retrieve", unit="q", disable=len(queries) <= BATCH) as bar:
+        for i in range(0, len(queries), BATCH):
+            batch = queries[i: i + BATCH]
+            retrieved += retriever.retrieve(batch, {key: rows[i: i + BATCH] for key, rows in embeddings.items()})
             bar.update(len(batch))
     seconds = time.perf_counter() - start
     with (out / "retrieval.jsonl").open("w", encoding="utf-8") as sink:

@@ -117,7 +117,8 @@ class EmbeddingStore:
         self.chunk_size = chunk_size
 
     def get(self, label: str, texts: Sequence[str], encoder: str, fingerprint: str,
-            embed: Callable[[Sequence[str]], np.ndarray], index_kind: str = "flat") -> tuple[np.ndarray, faiss.Index]:
+            embed: Callable[[Sequence[str]], np.ndarray],
+            index_kind: str | None = "flat") -> tuple[np.ndarray, faiss.Index | None]:
         """The embeddings of ``texts`` and a CPU index over them, from the cache or built now.
 
         Args:
@@ -127,7 +128,7 @@ class EmbeddingStore:
             fingerprint: ``encoders.weights_fingerprint`` of the encoder; part of the key.
             embed: Computes the embeddings when the entry is missing or invalid; called once, or
                 once per part of ``chunk_size`` texts for a larger collection.
-            index_kind: ``flat``, ``hnsw`` or ``ivf``.
+            index_kind: ``flat``, ``hnsw`` or ``ivf``; None: no index (the second value is None).
         """
         meta = {"format": FORMAT, "encoder": encoder, "weights": fingerprint, "content": content_hash(texts),
                 "n": len(texts)}
@@ -154,18 +155,22 @@ class EmbeddingStore:
         remove_path(_partial(entry))
         return embeddings
 
-    def _index(self, entry: Path, embeddings: np.ndarray, kind: str, label: str) -> faiss.Index:
+    def _index(self, entry: Path, embeddings: np.ndarray, kind: str | None, label: str) -> faiss.Index | None:
         """The ``kind`` index over an entry's embeddings: read from the entry, or built (and stored
         there when the entry exists, so the next run reads it)."""
-        index = build_index(embeddings, kind) if kind == "flat" else self._read_index(entry, embeddings, kind)
+        if kind is None:
+            return None
+        if kind == "flat" or not entry.is_dir():  # no entry: storing it failed, and was said
+            return build_index(embeddings, kind)
+        index = self._read_index(entry, embeddings, kind)
         if index is not None:
             return index
         with build_lock(entry / f"index-{kind}.faiss", f"the {label} {kind} index"):
             index = self._read_index(entry, embeddings, kind)  # built by another task meanwhile?
             if index is None:
-                log.info("building a %s index over %d %s", kind, len(embeddings), label)
+                log.info("building the %s index over %d %s", kind, len(embeddings), label)
                 index = build_index(embeddings, kind)
-                if entry.is_dir() and not isinstance(index, faiss.IndexFlat):  # small sets fall back to flat
+                if not isinstance(index, faiss.IndexFlat):  # small sets fall back to flat: nothing to store
                     self._save_index(entry, index, kind)
         return index
 

@@ -144,22 +144,56 @@ class Retriever:
     def _depth(self, view: str) -> int:
         return max(self._k(view), METRIC_DEPTH)
 
-    def retrieve(self, queries: Sequence[Query]) -> list[Retrieved]:
-        """Knowledge, cases and per-view rankings for each query."""
+    def encode(self, queries: Sequence[Query], cache: bool = False) -> dict[str, np.ndarray]:
+        """The questions' embeddings, one row per query, under the keys ``retrieve`` reads.
+
+        ``written/{view}`` is the question as written, ``masked/{view}`` with its mentions
+        masked (``retrieval.mask_mentions``: cases are compared by what is asked, knowledge by
+        what is named); knowledge always reads ``written/semantic``.
+
+        Args:
+            queries: The questions.
+            cache: Keep the embeddings in the store (keyed by the exact texts): a rerun of the
+                same questions, a resumed run or another setting over them encodes nothing.
+                Worth it for a whole run (at KQA Pro size this encoding was 70% of a warm
+                run's retrieval); not for one batch.
+        """
         # One question per forward pass: padded batches change the last bits of an embedding
         # with its batch-mates, which can swap near-tied cases, so a question's prompt would
-        # depend on which other questions are evaluated with it (eval.limit, shards).
-        texts = [q.text for q in queries]
-        embeddings = {view: encode(model, texts, 1, progress=False) for view, (_, model) in self.encoders.items()
-                      if not self.masked or view == "semantic"}
+        # depend on which other questions are evaluated with it (eval.limit, shards). The cache
+        # holds the same one-per-pass embeddings, so a cached run's prompts are the same.
+        written = [q.text for q in queries]
+        masked = [self.linker.mask(t) for t in written] if self.masked else None
+        out = {}
+        for view, (name, model) in self.encoders.items():
+            wanted = [("masked", masked)] if self.masked else []
+            if not self.masked or view == "semantic":
+                wanted.insert(0, ("written", written))
+            for form, texts in wanted:
+                if cache and texts:
+                    out[f"{form}/{view}"], _ = self.store.get(
+                        f"queries-{form}", texts, name, weights_fingerprint(model),
+                        lambda t, m=model: encode(m, t, 1, progress=False), index_kind=None)
+                else:
+                    out[f"{form}/{view}"] = encode(model, texts, 1, progress=False)
+        return out
+
+    def retrieve(self, queries: Sequence[Query], embeddings: dict[str, np.ndarray] | None = None) -> list[Retrieved]:
+        """Knowledge, cases and per-view rankings for each query.
+
+        Args:
+            queries: The questions, as id and text.
+            embeddings: Their ``encode`` rows (rows in the order of ``queries``); encoded here
+                when None.
+        """
+        if embeddings is None:
+            embeddings = self.encode(queries)
         links = [self.linker.link(q.text) for q in queries] if self.cfg.link else None
-        knowledge = (self.knowledge.retrieve(embeddings["semantic"], [l.entities for l in links] if links else None)
+        knowledge = (self.knowledge.retrieve(embeddings["written/semantic"], [l.entities for l in links] if links else None)
                      if self.knowledge else [Knowledge()] * len(queries))
-        by_view = embeddings
-        if self.masked:  # cases are compared by what is asked, knowledge by what is named
-            masked = [self.linker.mask(t) for t in texts]
-            by_view = {view: encode(model, masked, 1, progress=False) for view, (_, model) in self.encoders.items()}
-        rankings = {view: self.cases.rank(view, queries, self._depth(view), by_view.get(view)) for view in self.views}
+        form = "masked" if self.masked else "written"
+        rankings = {view: self.cases.rank(view, queries, self._depth(view), embeddings.get(f"{form}/{view}"))
+                    for view in self.views}
         out = []
         for i, query in enumerate(queries):
             mine = {view: rankings[view][i] for view in self.views}
