@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 FORMAT = 2
 """Bump when the entry layout or the meaning of a key changes (2: the index kind left the key)."""
 
-PARTIAL_FORMAT = 2
+PARTIAL_FORMAT = 1
 """Bump when the layout of a partial (resumable) build changes; older partials are then discarded."""
 
 CHUNK_TEXTS = 8192

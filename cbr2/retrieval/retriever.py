@@ -155,7 +155,7 @@ class Retriever:
             queries: The questions.
             cache: Keep the embeddings in the store (keyed by the exact texts): a rerun of the
                 same questions, a resumed run or another setting over them encodes nothing.
-                Worth it for a whole run (at KQA Pro size this encoding was 70% of a warm
+                Worth it for a whole run (at KQA Pro size this encoding was 69% of a warm
                 run's retrieval); not for one batch.
         """
         # One question per forward pass: padded batches change the last bits of an embedding
@@ -166,10 +166,12 @@ class Retriever:
         masked = [self.linker.mask(t) for t in written] if self.masked else None
         out = {}
         for view, (name, model) in self.encoders.items():
-            wanted = [("masked", masked)] if self.masked else []
-            if not self.masked or view == "semantic":
-                wanted.insert(0, ("written", written))
-            for form, texts in wanted:
+            # Knowledge reads the semantic encoder's written form; cases read each view's masked
+            # form when masking, else its written one.
+            forms = {"written": written} if not self.masked or view == "semantic" else {}
+            if self.masked:
+                forms["masked"] = masked
+            for form, texts in forms.items():
                 if cache and texts:
                     out[f"{form}/{view}"], _ = self.store.get(
                         f"queries-{form}", texts, name, weights_fingerprint(model),
