@@ -232,19 +232,19 @@ def test_steps_style_writes_each_fact_kind_as_its_steps_oriented_from_the_linked
     # Without links (or with the subject linked) every relation fact reads forward.
     forward = knowledge_text(knowledge, None, "steps")
     assert forward == ("Ontology:\n- human | has attribute | date of birth (date)\nFacts:\n"
-                       "- Find[Louis Pasteur] → Relate[native language | forward] → French\n"
-                       "- Find[Louis Pasteur] → QueryAttr[date of birth] → 1822-12-27\n"
+                       "- Find[Louis Pasteur] → Relate[native language | forward] = French\n"
+                       "- Find[Louis Pasteur] → QueryAttr[date of birth] = 1822-12-27\n"
                        "- Find[Louis Pasteur] → FilterConcept[human]\n"
-                       "- Find[Louis Pasteur] → Relate[award received | forward] → Rumford Medal (point in time: 1856)\n"
-                       "- Find[Louis Pasteur] → QueryAttr[population] → 12 (point in time: 1874)")
+                       "- Find[Louis Pasteur] → Relate[award received | forward] = Rumford Medal (point in time: 1856)\n"
+                       "- Find[Louis Pasteur] → QueryAttr[population] = 12 (point in time: 1874)")
     assert knowledge_text(knowledge, None, "steps", Links(("Louis Pasteur", "French"))) == forward
     # The object linked, the subject not: the chain starts at the object and goes backward.
     from_object = knowledge_text(knowledge, None, "steps", Links(("French", "Rumford Medal")))
-    assert "- Find[French] → Relate[native language | backward] → Louis Pasteur\n" in from_object
-    assert "- Find[Rumford Medal] → Relate[award received | backward] → Louis Pasteur (point in time: 1856)" in from_object
+    assert "- Find[French] → Relate[native language | backward] = Louis Pasteur\n" in from_object
+    assert "- Find[Rumford Medal] → Relate[award received | backward] = Louis Pasteur (point in time: 1856)" in from_object
     # Attribute and concept facts have one orientation; the limit applies per kind as before.
-    assert "- Find[Louis Pasteur] → QueryAttr[date of birth] → 1822-12-27\n" in from_object
-    assert knowledge_text(knowledge, 1, "steps").endswith("Facts:\n- Find[Louis Pasteur] → Relate[native language | forward] → French")
+    assert "- Find[Louis Pasteur] → QueryAttr[date of birth] = 1822-12-27\n" in from_object
+    assert knowledge_text(knowledge, 1, "steps").endswith("Facts:\n- Find[Louis Pasteur] → Relate[native language | forward] = French")
     # A triple of no known kind is shown as its text.
     assert fact_steps(Triple("e", "population", "3"), ("e",)) == "e | population | 3"
 
@@ -266,8 +266,8 @@ def test_steps_style_reaches_every_block_of_the_built_prompt(train):
         # The target names French: its fact reads backward; the case names Pasteur: forward.
         assert target_block.startswith("Entities in the question: French\nOntology:\n"
                                        "- human | has attribute | date of birth (date)\nFacts:\n"
-                                       "- Find[French] → Relate[native language | backward] → Louis Pasteur\n"
-                                       "- Find[Louis Pasteur] → QueryAttr[date of birth] → 1822-12-27\n")
+                                       "- Find[French] → Relate[native language | backward] = Louis Pasteur\n"
+                                       "- Find[Louis Pasteur] → QueryAttr[date of birth] = 1822-12-27\n")
         assert target_block.endswith(f"(point in time: 1874)\n{PROGRAM_SLOT}\n")
-        assert "- Find[Louis Pasteur] → Relate[native language | forward] → French\n" in case_block
+        assert "- Find[Louis Pasteur] → Relate[native language | forward] = French\n" in case_block
         assert "| native language |" not in prompt.user and prompt.system == system_text("dag")

@@ -119,8 +119,8 @@ class PromptConfig:
     knowledge_style: KnowledgeStyle = "triples"
     """How fact triples are shown: ``triples`` (``Louis Pasteur | native language | French``) or
     ``steps``, the KoPL steps that reach each fact, in the program's own syntax
-    (``Find[French] → Relate[native language | backward] → Louis Pasteur``,
-    ``Find[X] → QueryAttr[date of birth] → 1822-12-27``, ``Find[X] → FilterConcept[human]``), so a
+    (``Find[French] → Relate[native language | backward] = Louis Pasteur``,
+    ``Find[X] → QueryAttr[date of birth] = 1822-12-27``, ``Find[X] → FilterConcept[human]``), so a
     small model copies the function, direction and argument instead of inferring them. A relation
     fact reads backward when its object is an entity the question names (``retrieval.link``) and
     its subject is not; without linking every one reads forward. Ontology triples are shown as

@@ -129,7 +129,9 @@ def fact_steps(fact: Triple, linked: Collection[str] = ()) -> str:
     A relation fact reads forward from its subject, or backward from its object when the object
     is one of ``linked`` and the subject is not: the chain then starts where the question's
     program starts. An attribute fact is its ``QueryAttr`` step and value, an ``instance of``
-    fact its ``FilterConcept`` step. Qualifiers follow in brackets, as in ``Triple.text``.
+    fact its ``FilterConcept`` step. What a step reaches follows ``=``, not another ``→``: with an
+    arrow, a small model read the value as one more step and went on past its answer
+    (``QueryAttr[area] → VerifyNum[1636193 | <]``). Qualifiers follow in brackets, as in ``Triple.text``.
     A triple of no known kind (its ``terms`` name none) is shown as its text.
 
     Args:
@@ -139,11 +141,11 @@ def fact_steps(fact: Triple, linked: Collection[str] = ()) -> str:
     s, p, o = fact.subject, fact.predicate, fact.object
     if ("relation", p) in fact.terms:
         if o in linked and s not in linked:
-            steps = f"Find[{o}] → Relate[{p} | backward] → {s}"
+            steps = f"Find[{o}] → Relate[{p} | backward] = {s}"
         else:
-            steps = f"Find[{s}] → Relate[{p} | forward] → {o}"
+            steps = f"Find[{s}] → Relate[{p} | forward] = {o}"
     elif ("key", p) in fact.terms:
-        steps = f"Find[{s}] → QueryAttr[{p}] → {o}"
+        steps = f"Find[{s}] → QueryAttr[{p}] = {o}"
     elif ("concept", o) in fact.terms:
         steps = f"Find[{s}] → FilterConcept[{o}]"
     else:
