@@ -219,7 +219,7 @@ def test_compute_metrics_carries_the_analysis_and_keeps_its_keys():
                record(CAPITAL.replace("forward", "backward"), CAPITAL, qid="b", category="QueryName")]
     metrics = compute_metrics(records, ("QueryAttr", "QueryName"))
     assert set(metrics) == {"hits@1", "ser", "ser_before_repair", "n", "answer_comparison", "per_category", "errors",
-                            "prompt_too_long", "error_analysis"}
+                            "emptied_at", "prompt_too_long", "error_analysis"}
     assert metrics["errors"]["wrong"] == 1 and metrics["hits@1"] == 0.5
     assert metrics["error_analysis"] == analyze(records, ("QueryAttr", "QueryName"))
     assert metrics["error_analysis"]["classes"]["direction"] == 1
@@ -269,3 +269,30 @@ def test_report_without_wrong_predictions_says_so():
     md = render_report(compute_metrics([record(EVEREST, EVEREST, correct=True)]), "t")
     assert "## Error analysis\n\nNo wrong predictions." in md
     assert "## Error analysis" not in render_report({"n": 3, "retrieval": {"n": 3}}, "retrieval only")
+
+
+@pytest.fixture(scope="module")
+def mini_kqapro():
+    from cbr2.data.benchmarks import Benchmark
+    from cbr2.kopl.executor import Executor
+
+    bench = Benchmark("mini-kqapro")
+    return bench.questions("val")[0], bench, Executor(bench.kb)
+
+
+@pytest.mark.parametrize("text, emptied_at", [
+    # Hamburg is the place of birth of people: read from Hamburg, the relation goes backward.
+    ("r1: Find[Hamburg] → Relate[place of birth | forward] → FilterConcept[human] → QueryName[]", (2, "Relate")),
+    ("r1: Find[Hamburg] → Relate[place of birth | backward] → FilterConcept[country] → What[]", (3, "FilterConcept")),
+    ("r1: Find[Hamburg] → Relate[place of birth | backward] → FilterConcept[human] → What[]", None),
+])
+def test_an_empty_answer_records_the_step_that_went_empty(mini_kqapro, text, emptied_at):
+    from cbr2.evaluation.scoring import score_generation
+
+    record = score_generation(text, *mini_kqapro)
+    assert record["error_kind"] == ("empty" if emptied_at else "wrong")
+    assert record.get("emptied_at") == (dict(zip(("step", "function"), emptied_at)) if emptied_at else None)
+    metrics = compute_metrics([record])
+    assert metrics["emptied_at"] == ({emptied_at[1]: 1} if emptied_at else {})
+    line = f"the step whose result was empty first: {emptied_at[1]} 1." if emptied_at else "the step whose result"
+    assert (line in render_report(metrics, "t")) == bool(emptied_at)

@@ -101,3 +101,23 @@ def test_the_engine_kb_is_a_copy(tiny_kb):
     Executor(tiny_kb, engine="kopl")  # the engine mutates what it gets; a second engine from the same KB must work
     Executor(tiny_kb)
     assert "subclassOf" in tiny_kb.concepts["C3"]
+
+
+EMPTIED = [
+    # Warsaw is Marie Curie's place of birth: from Warsaw the relation is read backward.
+    ("r1: Find[Warsaw] → Relate[place of birth | forward] → FilterConcept[human] → QueryName[]", 1),
+    ("r1: FindAll[] → FilterConcept[city] → FilterNum[population | 5 | <] → QueryName[]", 2),
+    ("r1: Find[Marie Curie]\nr2: Find[Poland]\nr3: (r1, r2) → QueryRelation[]", 2),
+    ("r1: Find[Warsaw] → Relate[place of birth | backward] → FilterConcept[human] → QueryName[]", None),
+]
+
+
+@pytest.mark.parametrize("engine", ["cbr2", "kopl"])
+@pytest.mark.parametrize("text, step", EMPTIED)
+def test_first_empty_step_names_where_an_empty_answer_went_empty(tiny_kb, engine, text, step):
+    from cbr2.kopl.executor import Executor
+
+    program = check_text(text).program
+    executor = Executor(tiny_kb, engine=engine)
+    assert executor.first_empty_step(program) == step
+    assert (executor.run(program) == []) == (step is not None)

@@ -130,7 +130,8 @@ class Prediction(_Judged, total=False):
 
     The required keys are ``score_generation``'s; the optional ones are added on the way:
     ``generated_chars`` / ``generated_sha256`` for a clipped text, ``values_count`` for clipped
-    values (``scoring``); the cache keys ``prompt_hash`` and ``generation_key``, the token
+    values and ``emptied_at`` (``{"step", "function"}``, 1-based: where a program that answered
+    nothing first had an empty result) (``scoring``); the cache keys ``prompt_hash`` and ``generation_key``, the token
     counts and ``latency_s`` (the runner); ``grounded`` with grounded decoding (each grounded-kind
     argument and whether the question's candidates held it, ``cbr2.generation.grounded``);
     ``single_pass`` and ``fallback`` with ``generation.fallback`` on; ``reasoning_types`` (KQA Pro's, of the
@@ -141,6 +142,7 @@ class Prediction(_Judged, total=False):
     generated_chars: int
     generated_sha256: str
     values_count: int
+    emptied_at: dict[str, Any]
     prompt_hash: str
     generation_key: str
     prompt_tokens: int | None

@@ -154,11 +154,13 @@ def compute_metrics(records: Iterable[Prediction], categories: Sequence[str] = (
 
     Returns:
         ``{"hits@1", "ser", "ser_before_repair", "n", "per_category": {cat: {...}},
-        "errors": {kind: count}, "prompt_too_long": [question ids], "error_analysis": {...}}`` with
+        "errors": {kind: count}, "emptied_at": {function: count}, "prompt_too_long": [question ids],
+        "error_analysis": {...}}`` with
         fractions in [0, 1], and ``per_reasoning_type`` (each type that some question has, in
         ``KQAPRO_REASONING_TYPES`` order) when ``reasoning_types`` is given; ``hits@1`` is None
         when no record has a gold answer (``gold_answers`` is then False).
-        ``error_analysis`` is ``errors.analyze``'s grounding / logical classification of the
+        ``emptied_at`` counts the empty answers by the function of the step whose result was
+        empty first (most first). ``error_analysis`` is ``errors.analyze``'s grounding / logical classification of the
         wrong predictions.
     """
     records = list(records)
@@ -180,6 +182,8 @@ def compute_metrics(records: Iterable[Prediction], categories: Sequence[str] = (
     return {
         **metrics,
         "errors": {k: kinds.get(k, 0) for k in ERROR_KINDS},
+        "emptied_at": dict(Counter(r["emptied_at"]["function"] for r in records
+                                   if r["error_kind"] == "empty" and r.get("emptied_at")).most_common()),
         # Named one by one: each was never put to the model, whatever the other numbers say.
         PROMPT_TOO_LONG: [r["id"] for r in records if r["error_kind"] == PROMPT_TOO_LONG],
         "error_analysis": analyze(records, categories),

@@ -69,6 +69,9 @@ def render_report(metrics: dict[str, Any], title: str) -> str:
                                f"the KB vocabulary snapped to a KB item, in {snaps['questions']} questions.")]
         lines += ["", "## Errors", "", "| kind | count |", "|---|---:|"]
         lines += [f"| {k} | {metrics['errors'].get(k, 0)} |" for k in ERROR_KINDS]
+        if metrics.get("emptied_at"):
+            lines += ["", "Empty answers by the step whose result was empty first: "
+                      + ", ".join(f"{f} {n}" for f, n in metrics["emptied_at"].items()) + "."]
         if metrics.get(PROMPT_TOO_LONG):
             ids = metrics[PROMPT_TOO_LONG]
             lines += ["", f"Not generated, counted wrong: {len(ids)} questions whose prompt is longer than the model's "

@@ -25,6 +25,7 @@ from cbr2.evaluation.metrics import is_correct
 from cbr2.generation.prompt import program_text
 from cbr2.kopl.checker import check_text
 from cbr2.kopl.executor import ExecutionError, Executor
+from cbr2.kopl.functions import canonical_name
 from cbr2.kopl.grounding import unknown_arguments
 from cbr2.kopl.program import SYNTAX, Program
 from cbr2.kopl.repair import repair
@@ -140,6 +141,9 @@ def _score(text: str, record: Prediction, question: Question, bench: Benchmark, 
     if len(values) > MAX_VALUES:
         record["values_count"] = len(values)
     if not answer:
+        step = executor.first_empty_step(program) if not values else None
+        if step is not None:  # which step a fix must change (error analysis, never scoring)
+            record["emptied_at"] = {"step": step + 1, "function": canonical_name(program.steps[step].function)}
         return _fail(record, "empty", None)
     if question.answer is None:  # a split without gold answers (KQA Pro's test): answered, not judged
         return {**record, "correct": None, "error_kind": None, "error": None}

@@ -142,6 +142,42 @@ class Executor:
             ExecutionError: On unknown schema items, engine exceptions and timeouts.
         """
         self.ground(program)
+        result = self._results(program)[-1]
+        if self.engine_name != "kopl":
+            return self.engine.answer(result)
+        if isinstance(result, tuple):  # an entity set: the program did not end with a query
+            raise ExecutionError("no_answer", "the program ends with an entity set, not a query")
+        if isinstance(result, list):
+            return sorted({format_engine_value(v) for v in result})
+        return [format_engine_value(result)]
+
+    def first_empty_step(self, program: Program) -> int | None:
+        """Where a program that answered nothing went empty: the index of its first step whose
+        result is an empty entity set or an empty list of values, names or relations.
+
+        For error analysis only (``emptied_at`` of a prediction): it runs the program again, and
+        says which step a fix must change, not why.
+
+        Returns:
+            The 0-based step index, or None when no step's result is empty or the program fails.
+        """
+        try:
+            results = self._results(program)
+        except ExecutionError:
+            return None
+        for i, result in enumerate(results):
+            # An entity set is ``Entities`` (cbr2) or an ``(ids, facts)`` tuple (the official engine).
+            items = getattr(result, "ids", result[0] if isinstance(result, tuple) else result)
+            if isinstance(items, list | set | frozenset) and not items:
+                return i
+        return None
+
+    def _results(self, program: Program) -> list[Any]:
+        """Every step's result, in order, within the time limit.
+
+        Raises:
+            ExecutionError: On engine exceptions and timeouts.
+        """
         memory: list[Any] = []
         kopl = self.engine_name == "kopl"
         try:
@@ -154,11 +190,4 @@ class Executor:
             raise
         except Exception as err:  # any engine failure (KeyError, IndexError, ...) is an execution error
             raise ExecutionError(type(err).__name__, f"{type(err).__name__}: {err}") from err
-        result = memory[-1]
-        if not kopl:
-            return self.engine.answer(result)
-        if isinstance(result, tuple):  # an entity set: the program did not end with a query
-            raise ExecutionError("no_answer", "the program ends with an entity set, not a query")
-        if isinstance(result, list):
-            return sorted({format_engine_value(v) for v in result})
-        return [format_engine_value(result)]
+        return memory
