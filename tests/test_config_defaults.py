@@ -28,7 +28,7 @@ from cbr2.config.schema import (
 )
 
 SURFACES = [(Config, "evaluate.yaml"), (TrainConfig, "train.yaml")]
-OVERLAYS = [(Config, "paper.yaml"), *((Config, f"ablations/{a.file.name}") for a in ABLATION_TABLE), *SURFACES]
+OVERLAYS = [(Config, "paper.yaml"), (Config, "quality.yaml"), *((Config, f"ablations/{a.file.name}") for a in ABLATION_TABLE), *SURFACES]
 
 
 @pytest.mark.parametrize("schema, name", OVERLAYS)
@@ -78,9 +78,10 @@ def test_every_numeric_field_but_a_seed_has_a_range_and_its_default_is_in_it(sch
     assert outside == {}
 
 
-def test_the_paper_overlay_loads_and_sets_only_schema_keys():
-    cfg = load_config([], files=[CONFIG_DIR / "evaluate.yaml", CONFIG_DIR / "paper.yaml"])
-    overlay = leaves(OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "paper.yaml")))
+@pytest.mark.parametrize("name", ["paper.yaml", "quality.yaml"])
+def test_a_preset_loads_and_each_of_its_keys_takes_effect(name):
+    cfg = load_config([], files=[CONFIG_DIR / "evaluate.yaml", CONFIG_DIR / name])
+    overlay = leaves(OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / name)))
     assert overlay and all(OmegaConf.select(cfg, k) == v for k, v in overlay.items())
 
 
@@ -116,3 +117,10 @@ def test_the_configuration_page_is_the_one_the_schema_writes():
 
     page = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
     assert page.read_text(encoding="utf-8") == reference(), "regenerate: python -m cbr2.config.reference > " + str(page)
+
+
+def test_the_quality_preset_names_a_packaged_model():
+    from cbr2.llm.packaged import DEFAULT_MODEL, packaged
+
+    cfg = load_config([], files=[CONFIG_DIR / "evaluate.yaml", CONFIG_DIR / "quality.yaml"])
+    assert packaged(cfg.llm.model).name == cfg.llm.model != DEFAULT_MODEL  # installable by name, and not the default
