@@ -119,5 +119,5 @@ def test_first_empty_step_names_where_an_empty_answer_went_empty(tiny_kb, engine
 
     program = check_text(text).program
     executor = Executor(tiny_kb, engine=engine)
-    assert executor.first_empty_step(program) == step
+    assert executor.first_empty_step(executor.results(program)) == step
     assert (executor.run(program) == []) == (step is not None)

@@ -133,7 +133,8 @@ def _score(text: str, record: Prediction, question: Question, bench: Benchmark, 
         program, record["canonicalized"] = canonicalize(program)
     record["program"] = to_text(program, "dag")
     try:
-        values = executor.run(program)
+        results = executor.results(program)
+        values = executor.answer(results[-1])
     except ExecutionError as err:
         return _fail(record, "execution", err.to_dict())
     answer = bench.answer_from_values(values, program)
@@ -141,7 +142,7 @@ def _score(text: str, record: Prediction, question: Question, bench: Benchmark, 
     if len(values) > MAX_VALUES:
         record["values_count"] = len(values)
     if not answer:
-        step = executor.first_empty_step(program) if not values else None
+        step = executor.first_empty_step(results) if not values else None
         if step is not None:  # which step a fix must change (error analysis, never scoring)
             record["emptied_at"] = {"step": step + 1, "function": canonical_name(program.steps[step].function)}
         return _fail(record, "empty", None)

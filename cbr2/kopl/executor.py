@@ -141,8 +141,14 @@ class Executor:
         Raises:
             ExecutionError: On unknown schema items, engine exceptions and timeouts.
         """
-        self.ground(program)
-        result = self._results(program)[-1]
+        return self.answer(self.results(program)[-1])
+
+    def answer(self, result: Any) -> list[str]:
+        """The last step's ``result`` (of ``results``) as ``run`` returns it.
+
+        Raises:
+            ExecutionError: ``no_answer`` for an entity set.
+        """
         if self.engine_name != "kopl":
             return self.engine.answer(result)
         if isinstance(result, tuple):  # an entity set: the program did not end with a query
@@ -151,20 +157,16 @@ class Executor:
             return sorted({format_engine_value(v) for v in result})
         return [format_engine_value(result)]
 
-    def first_empty_step(self, program: Program) -> int | None:
+    @staticmethod
+    def first_empty_step(results: list[Any]) -> int | None:
         """Where a program that answered nothing went empty: the index of its first step whose
-        result is an empty entity set or an empty list of values, names or relations.
-
-        For error analysis only (``emptied_at`` of a prediction): it runs the program again, and
-        says which step a fix must change, not why.
+        result (of ``results``, either engine's) is an empty entity set or an empty list of values,
+        names or relations. For error analysis (``emptied_at`` of a prediction): it says which step
+        a fix must change, not why.
 
         Returns:
-            The 0-based step index, or None when no step's result is empty or the program fails.
+            The 0-based step index, or None when no step's result is empty.
         """
-        try:
-            results = self._results(program)
-        except ExecutionError:
-            return None
         for i, result in enumerate(results):
             # An entity set is ``Entities`` (cbr2) or an ``(ids, facts)`` tuple (the official engine).
             items = getattr(result, "ids", result[0] if isinstance(result, tuple) else result)
@@ -172,12 +174,13 @@ class Executor:
                 return i
         return None
 
-    def _results(self, program: Program) -> list[Any]:
-        """Every step's result, in order, within the time limit.
+    def results(self, program: Program) -> list[Any]:
+        """Every step's result, in order, within the time limit (``run`` answers from the last).
 
         Raises:
-            ExecutionError: On engine exceptions and timeouts.
+            ExecutionError: On unknown schema items, engine exceptions and timeouts.
         """
+        self.ground(program)
         memory: list[Any] = []
         kopl = self.engine_name == "kopl"
         try:
