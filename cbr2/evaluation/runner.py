@@ -41,7 +41,7 @@ from cbr2.evaluation.selection import resolve_shard, select_questions, shard_of
 from cbr2.generation.canonicalize import Canonicalizer, build_canonicalizer
 from cbr2.generation.fallback import FIRES_ON, build_correction, corrected, first_pass
 from cbr2.generation.grammar import build_grammar
-from cbr2.generation.grounded import grounded_arguments, slot_candidates
+from cbr2.generation.grounded import Reach, grounded_arguments, pool_hops, slot_candidates
 from cbr2.generation.prompt import PromptBuilder, prompt_hash
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.sketch import schema_items, sketch
@@ -73,8 +73,20 @@ def _prepare(cfg: DictConfig, bench: Benchmark, retrieval_only: bool) -> DictCon
     return cfg
 
 
+def reach_of(cfg: DictConfig, bench: Benchmark) -> Reach | None:
+    """The KB around linked entities for ``generation.narrow`` (None where grounded decoding does
+    not act), its hops the training pool's longest ``Relate`` chain."""
+    gen = cfg.generation
+    if not (gen.narrow and gen.grounded and gen.constrained and cfg.retrieval.link):
+        return None
+    hops = pool_hops(q.program for q in bench.questions(bench.family.train_split))
+    log.info("generation.narrow: Relate pairs and concepts within %d hop(s) of the linked entities "
+             "(the training pool's longest Relate chain)", hops)
+    return Reach(bench.kb, hops)
+
+
 def build_prompts(prompt: DictConfig, generation: DictConfig, questions: Sequence[Question],
-                  retrieved: dict[str, Retrieved]) -> list[Prompt]:
+                  retrieved: dict[str, Retrieved], reach: Reach | None = None) -> list[Prompt]:
     """One prompt per question, from its text and what retrieval returned for it.
 
     The builder is given ``Query(id, text)`` for the target question, never the question
@@ -85,6 +97,8 @@ def build_prompts(prompt: DictConfig, generation: DictConfig, questions: Sequenc
         generation: The ``generation`` section (grounded decoding shows its candidates).
         questions: The questions, in order.
         retrieved: What retrieval returned, by question id (a question without it gets none).
+        reach: With ``generation.narrow`` (``reach_of``), the relation pairs and concepts around
+            each question's linked entities join its candidates.
     """
     builder = PromptBuilder(prompt.format, prompt.case_triples, prompt.knowledge_style)
     empty = Retrieved(Query("", ""), Knowledge(), [])
@@ -94,7 +108,10 @@ def build_prompts(prompt: DictConfig, generation: DictConfig, questions: Sequenc
         item = retrieved.get(q.qid, empty)
         grounding = ()
         if ground and item.links is not None:
-            grounding = tuple(slot_candidates(item.links, q.question).items())
+            found = slot_candidates(item.links, q.question)
+            if reach is not None:
+                found.update(reach.candidates(item.links))
+            grounding = tuple(found.items())
         prompts.append(builder.build(Query(q.qid, q.question), item.knowledge, item.cases, item.case_knowledge,
                                      item.links, item.case_links or None, grounding))
     return prompts
@@ -122,7 +139,7 @@ def show_prompt(cfg: DictConfig, index: int) -> str:
     if _retrieves(cfg.retrieval):
         retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
         retrieved = {question.qid: retriever.retrieve([Query(question.qid, question.question)])[0]}
-    (prompt,) = build_prompts(cfg.prompt, cfg.generation, [question], retrieved)
+    (prompt,) = build_prompts(cfg.prompt, cfg.generation, [question], retrieved, reach_of(cfg, bench))
     return make_backend(cfg.llm, [question], program_format=cfg.prompt.format).render(prompt)
 
 
@@ -160,7 +177,8 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
         retrieval, retrieved = run_retrieval(cfg, bench, questions, out, extra_views=VIEWS if retrieval_only else ())
         records: list[Prediction] | None = None  # None: a retrieval-only run
         if not retrieval_only:
-            records = generate_and_score(cfg, bench, questions, build_prompts(cfg.prompt, cfg.generation, questions, retrieved), out)
+            prompts = build_prompts(cfg.prompt, cfg.generation, questions, retrieved, reach_of(cfg, bench))
+            records = generate_and_score(cfg, bench, questions, prompts, out)
         return finish_run(out, cfg, bench, prov, selection, len(questions), records, retrieval)
 
 

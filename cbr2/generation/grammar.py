@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from cbr2.config import GenerationConfig
+from cbr2.generation.grounded import RELATE
 from cbr2.kb.model import Vocabulary
 from cbr2.kopl.functions import ALIASES, ANSWER_TYPES, CLOSED_KINDS, FUNCTIONS, FunctionSpec, accepts
 from cbr2.kopl.grounding import SLOT_KINDS, slot_items
@@ -255,13 +256,29 @@ class ProgramGrammar:
             if kept:
                 args[kind] = f"g_{kind}"
                 rules[args[kind]] = " | ".join(_lit(t) for t in kept)
-        if args == self._args:
-            return self.ebnf
         for spec in self.functions:
             name = f"f_{spec.name}"
             if name in rules and any(args[a.kind] != self._args[a.kind] for a in spec.args):
                 rules[name] = self._call_body(spec, args)
+        pairs = self._relate_pairs(candidates.get(RELATE, ()))
+        if pairs and "f_Relate" in rules:
+            # The whole bracket is one choice, so the direction is narrowed together with its relation.
+            rules["g_relate"] = " | ".join(_lit(p) for p in pairs)
+            head = " | ".join(_lit(n) for n in ["Relate", *(a for a, t in ALIASES.items() if t == "Relate")])
+            rules["f_Relate"] = f'({head}) "[" g_relate "]"'
+        if rules == self._r.rules:
+            return self.ebnf
         return "\n".join(f"{name} ::= {body}" for name, body in _reachable(rules, "root").items()) + "\n"
+
+    def _relate_pairs(self, values: Sequence[str]) -> list[str]:
+        """``relation | direction`` candidates (``Reach``) as the grammar writes them, those it accepts."""
+        kept = []
+        for value in dict.fromkeys(values):
+            relation, sep, direction = value.rpartition(" | ")
+            written = escape_arg(relation)
+            if sep and self._valid["relation"](written) and self._valid["direction"](direction):
+                kept.append(f"{written} | {direction}")
+        return kept
 
     # --- typed structure ---------------------------------------------------------------------
 

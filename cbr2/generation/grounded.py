@@ -17,6 +17,16 @@ Candidates per kind (``slot_candidates``): ``entity`` the linked entities (``Fin
 years); ``string`` any run of the question's words (string values are quoted from the question;
 a KB value list would make a linking miss unrecoverable); ``any`` all of these.
 
+With ``generation.narrow``, two more kinds come from the KB around the linked entities
+(``Reach``): ``relate``, the ``relation | direction`` pairs that the entities within H hops of a
+linked entity have, which a whole ``Relate`` call's bracket must be one of, and ``concept``, the
+concepts (with their superclasses) of those entities and the question's linked concepts. H is the
+longest chain of ``Relate`` steps from a ``Find`` in the training pool's programs (``pool_hops``):
+a program of the question's kind reaches no farther than the pool's do. A ``Relate`` read the
+wrong way from its entity, or a ``FilterConcept`` that no entity in reach belongs to, executes to
+an empty answer; the KB's own facts rule them out before they are written. Nothing of the
+question's gold side is read.
+
 The candidates are recorded with the prompt (``Prompt.grounding``), so the predictions cache
 keys on them, and each prediction records which of its arguments were grounded
 (``grounded_arguments``).
@@ -26,9 +36,10 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from cbr2.kb.model import KB
 from cbr2.kopl.functions import get_spec
 from cbr2.kopl.program import Program
 from cbr2.retrieval.linking import Links, question_spans
@@ -56,6 +67,87 @@ def slot_candidates(links: Links, question: str) -> dict[str, tuple[str, ...]]:
                                     *spans))),
     }
     return {kind: items for kind, items in found.items() if items}
+
+
+RELATE = "relate"
+"""The candidate kind of a whole ``Relate`` bracket, ``relation | direction`` (``Reach``)."""
+
+
+class Reach:
+    """What the KB has within reach of a question's linked entities (``generation.narrow``).
+
+    Args:
+        kb: The knowledge base.
+        hops: How far from a linked entity a ``Relate`` may go (``pool_hops``); 0 narrows nothing.
+    """
+
+    def __init__(self, kb: KB, hops: int):
+        self.kb, self.hops = kb, hops
+        self._ids: dict[str, list[str]] = defaultdict(list)
+        for eid, ent in kb.entities.items():
+            self._ids[ent["name"]].append(eid)
+        self._lineage: dict[str, frozenset[str]] = {}
+
+    def _concepts(self, concept_id: str) -> frozenset[str]:
+        """The names of a concept and of all its superclasses."""
+        if concept_id not in self._lineage:
+            names, todo, seen = set(), [concept_id], set()
+            while todo:
+                cid = todo.pop()
+                if cid in seen or cid not in self.kb.concepts:
+                    continue
+                seen.add(cid)
+                names.add(self.kb.concepts[cid]["name"])
+                todo += self.kb.concepts[cid].get("subclassOf", [])
+            self._lineage[concept_id] = frozenset(names)
+        return self._lineage[concept_id]
+
+    def candidates(self, links: Links) -> dict[str, tuple[str, ...]]:
+        """``relate`` and ``concept`` candidates of one question; none without linked entities.
+
+        Relation pairs are read off each entity's own facts, where the KB stores every relation on
+        both ends with the direction a ``Relate`` from that end takes.
+        """
+        frontier = {eid for name in links.entities for eid in self._ids.get(name, ())}
+        if not frontier or self.hops < 1:
+            return {}
+        seen, pairs = set(frontier), {}
+        for _ in range(self.hops):
+            step = set()
+            for eid in sorted(frontier):
+                for rel in self.kb.entities[eid].get("relations", []):
+                    pairs.setdefault(f"{rel['relation']} | {rel['direction']}", None)
+                    if rel["object"] in self.kb.entities and rel["object"] not in seen:
+                        step.add(rel["object"])
+            seen |= step
+            frontier = step
+        concepts = dict.fromkeys(links.concepts)
+        for eid in sorted(seen):
+            for cid in self.kb.entities[eid].get("instanceOf", []):
+                concepts.update(dict.fromkeys(sorted(self._concepts(cid))))
+        return {RELATE: tuple(sorted(pairs)), "concept": tuple(concepts)}
+
+
+def pool_hops(programs: Iterable[Program]) -> int:
+    """The longest chain of ``Relate`` steps from a ``Find`` in ``programs`` (0 without any):
+    ``Reach``'s H. A chain from ``FindAll`` has no entity to start from and is not counted."""
+    longest = 0
+    for program in programs:
+        depth: list[int | None] = []
+        for step in program.steps:
+            spec = get_spec(step.function)
+            name = spec.name if spec is not None else step.function
+            inputs = [depth[i] for i in step.dependencies if i < len(depth)]
+            if name == "Find":
+                d: int | None = 0
+            elif not inputs or any(x is None for x in inputs):
+                d = None
+            else:
+                d = max(inputs) + (name == "Relate")
+            depth.append(d)
+            if name == "Relate" and d is not None:
+                longest = max(longest, d)
+    return longest
 
 
 def current_slot(text: str) -> tuple[str, str] | None:
@@ -157,6 +249,10 @@ class GroundedMask:
     def __call__(self, generated: Sequence[int], scores: Any) -> Any:
         # The last call is never far back; a bounded tail keeps each step's cost flat.
         text = self.detokenize(generated)[-240:]
+        m = _CALL.search(text)
+        if m is not None and RELATE in self.candidates and _is_relate(m.group(1)):
+            # The whole bracket is one candidate: the direction is narrowed with its relation.
+            return self._keep(scores, self.table.allowed(m.group(2), self.candidates[RELATE]))
         kind = next_kind(text)
         if kind is not None:  # "key |": the next token writes " " and maybe the start of the value
             return self._keep(scores, self.table.entering(" ", self.candidates[kind])) if kind in self.candidates else scores
@@ -184,17 +280,31 @@ class GroundedMask:
 
         openers = self._openers[self._openers < len(scores)]
         for i in openers[np.isfinite(scores[openers])]:
-            slot = current_slot(text + self.table.texts[i])
-            if slot is None or slot[0] not in self.candidates or not slot[1]:
+            opened = text + self.table.texts[i]
+            m = _CALL.search(opened)
+            if m is not None and RELATE in self.candidates and _is_relate(m.group(1)):
+                kind, partial = RELATE, m.group(2)
+            else:
+                slot = current_slot(opened)
+                if slot is None:
+                    continue
+                kind, partial = slot
+            if kind not in self.candidates or not partial:
                 continue
-            if self.table.allowed(slot[1], self.candidates[slot[0]]) is None:
+            if self.table.allowed(partial, self.candidates[kind]) is None:
                 scores[i] = -np.inf
         return scores
 
 
+def _is_relate(function: str) -> bool:
+    spec = get_spec(function)
+    return spec is not None and spec.name == "Relate"
+
+
 def grounded_arguments(program: Program | None, candidates: dict[str, Sequence[str]]) -> list[dict]:
     """Each argument of a grounded kind in ``program``: its value and whether the question's
-    candidates held it (``linked``), for the prediction record."""
+    candidates held it (``linked``), for the prediction record. With narrowed candidates
+    (``Reach``), each ``Relate`` bracket (kind ``relate``) and concept argument is listed too."""
     if program is None:
         return []
     out = []
@@ -202,8 +312,12 @@ def grounded_arguments(program: Program | None, candidates: dict[str, Sequence[s
         spec = get_spec(step.function)
         if spec is None:
             continue
+        if spec.name == "Relate" and RELATE in candidates and len(step.inputs) == 2:
+            value = " | ".join(step.inputs)
+            out.append({"function": spec.name, "kind": RELATE, "value": value, "linked": value in candidates[RELATE]})
+            continue
         for arg, value in zip(spec.args, step.inputs, strict=False):
-            if arg.kind in GROUNDED_KINDS:
+            if arg.kind in GROUNDED_KINDS or (arg.kind == "concept" and arg.kind in candidates):
                 out.append({"function": spec.name, "kind": arg.kind, "value": value,
                             "linked": value in candidates.get(arg.kind, ())})
     return out
