@@ -23,7 +23,8 @@ from cbr2.retrieval.retriever import Retrieved
 
 def _kb() -> KB:
     concepts = {"c1": {"name": "place", "subclassOf": []}, "c2": {"name": "country", "subclassOf": ["c1"]},
-                "c3": {"name": "city", "subclassOf": ["c1"]}, "c4": {"name": "human", "subclassOf": []}}
+                "c3": {"name": "city", "subclassOf": ["c1"]}, "c4": {"name": "human", "subclassOf": []},
+                "c5": {"name": "river", "subclassOf": ["c1"]}}
 
     def rel(relation, direction, obj):
         return {"relation": relation, "direction": direction, "object": obj, "qualifiers": {}}
@@ -61,6 +62,10 @@ def test_reach_reads_pairs_with_their_direction_and_concepts_with_superclasses()
     assert set(found["concept"]) == {"human", "country", "city", "place"}
     two = Reach(_kb(), hops=2).candidates(Links(("Australia",), (), {}))
     assert two[RELATE] == ("capital | backward", "capital | forward", "place of birth | backward")
+    # A kind whose reach covers all the KB has narrows nothing: left out.
+    three = Reach(_kb(), hops=3)
+    assert set(three.candidates(Links(("Australia",), (), {}))) == {"concept"}  # all 4 pairs; river missing
+    assert three.candidates(Links(("Australia",), ("river",), {})) == {}
     # Nothing linked, or no hop allowed: nothing narrowed (the grammar alone decides).
     assert reach.candidates(Links((), ("human",), {})) == {}
     assert Reach(_kb(), hops=0).candidates(Links(("Australia",), (), {})) == {}
@@ -124,14 +129,14 @@ def test_the_grammar_narrows_relate_the_same_way(bench):
 
 
 def test_prompts_carry_the_narrowed_candidates_only_when_asked(bench):
-    cfg = OmegaConf.structured(Config)
+    on = OmegaConf.structured(Config)
+    assert on.generation.narrow  # the default
     question = bench.questions("val")[0]
     links = Links((next(iter(bench.kb.entities.values()))["name"],), (), {})
     retrieved = {question.qid: Retrieved(Query(question.qid, question.question), Knowledge(), [], links=links)}
-    (plain,) = build_prompts(cfg.prompt, cfg.generation, [question], retrieved)
-    assert RELATE not in dict(plain.grounding)
-    assert reach_of(cfg, bench) is None  # off by default
-    on = OmegaConf.merge(cfg, {"generation": {"narrow": True}})
+    (plain,) = build_prompts(on.prompt, on.generation, [question], retrieved)
+    assert RELATE not in dict(plain.grounding)  # no Reach given: nothing narrowed
+    assert reach_of(OmegaConf.merge(on, {"generation": {"narrow": False}}), bench) is None
     reach = reach_of(on, bench)
     assert reach is not None and reach.hops == pool_hops(q.program for q in bench.questions("train"))
     (narrowed,) = build_prompts(on.prompt, on.generation, [question], retrieved, reach)

@@ -158,11 +158,13 @@ class GenerationConfig:
     backends, docs/generation.md); a kind
     linking found nothing for is left to the grammar. Chosen on validation with linking and
     masking (docs/results/cpu-default.md, "The grounded single pass chosen on validation")."""
-    narrow: bool = False
+    narrow: bool = True
     """With grounded decoding, a ``Relate`` call's ``relation | direction`` and a concept argument
     drawn from the KB around the question's linked entities: the pairs and concepts of the entities
     within H hops, H the training pool's longest ``Relate`` chain from a ``Find``
-    (``cbr2.generation.grounded.Reach``). Acts where ``grounded`` acts (every backend that has it)."""
+    (``cbr2.generation.grounded.Reach``). Acts where ``grounded`` acts (every backend that has it).
+    Chosen on validation (docs/results/cpu-default.md, "Relate and concepts narrowed to the KB around
+    the question's entities")."""
     candidates: int = bounded(1, 1, 16)
     """Execution-guided choice under the grammar (the ``llamacpp`` and ``vllm`` backends): when the
     greedy program does not parse, type-check or execute to a non-empty answer, up to

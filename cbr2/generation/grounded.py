@@ -84,8 +84,12 @@ class Reach:
     def __init__(self, kb: KB, hops: int):
         self.kb, self.hops = kb, hops
         self._ids: dict[str, list[str]] = defaultdict(list)
+        pairs: set[str] = set()
         for eid, ent in kb.entities.items():
             self._ids[ent["name"]].append(eid)
+            pairs.update(f"{rel['relation']} | {rel['direction']}" for rel in ent.get("relations", []))
+        self._pairs = len(pairs)
+        self._concept_names = len({c["name"] for c in kb.concepts.values()})
         self._lineage: dict[str, frozenset[str]] = {}
 
     def _concepts(self, concept_id: str) -> frozenset[str]:
@@ -103,7 +107,8 @@ class Reach:
         return self._lineage[concept_id]
 
     def candidates(self, links: Links) -> dict[str, tuple[str, ...]]:
-        """``relate`` and ``concept`` candidates of one question; none without linked entities.
+        """``relate`` and ``concept`` candidates of one question; none without linked entities, and
+        none of a kind whose reach is all the KB has.
 
         Relation pairs are read off each entity's own facts, where the KB stores every relation on
         both ends with the direction a ``Relate`` from that end takes.
@@ -125,7 +130,11 @@ class Reach:
         for eid in sorted(seen):
             for cid in self.kb.entities[eid].get("instanceOf", []):
                 concepts.update(dict.fromkeys(sorted(self._concepts(cid))))
-        return {RELATE: tuple(sorted(pairs)), "concept": tuple(concepts)}
+        # A kind whose reach is the whole KB narrows nothing: left out, the question decodes (and
+        # its prompt hashes) as without narrowing (mini-metaqa: every pair is within 3 hops).
+        found = {RELATE: tuple(sorted(pairs)), "concept": tuple(concepts)}
+        return {kind: items for kind, items in found.items()
+                if items and len(items) < (self._pairs if kind == RELATE else self._concept_names)}
 
 
 def pool_hops(programs: Iterable[Program]) -> int:
