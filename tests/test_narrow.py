@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
+from test_grounded_grammar import xgrammar_accepts
 
 from cbr2.config import Config
 from cbr2.data.benchmarks import Benchmark
@@ -99,19 +100,11 @@ def bench():
 
 
 def test_the_grammar_narrows_relate_the_same_way(bench):
-    xgr = pytest.importorskip("xgrammar")
     kb = bench.kb
     grammar = ProgramGrammar(kb.vocabulary, "dag")
     name = next(e["name"] for e in kb.entities.values() if e.get("relations"))
     cands = Reach(kb, hops=1).candidates(Links((name,), (), {}))
-    ebnf = grammar.grounded_ebnf({"entity": (name,), **cands})
-    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False)
-    matcher = xgr.GrammarMatcher(compiler.compile_grammar(xgr.Grammar.from_ebnf(ebnf, root_rule_name="root")),
-                                 terminate_without_stop_token=True)
-
-    def accepts(text):
-        matcher.reset()
-        return bool(matcher.accept_string(text) and matcher.is_terminated())
+    accepts = xgrammar_accepts(grammar.grounded_ebnf({"entity": (name,), **cands}))
 
     pairs = set(cands[RELATE])
     for relation in sorted(kb.vocabulary.relations):

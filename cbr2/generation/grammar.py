@@ -208,7 +208,7 @@ class ProgramGrammar:
         name = f"f_{spec.name}"
         if name in self._r.rules:
             return name
-        names = [spec.name] + [a for a, target in ALIASES.items() if target == spec.name]
+        names = _names(spec.name)
         size = max(len(n) for n in names) + 2 + 3 * max(0, len(spec.args) - 1)
         size += sum(self._r.longest[self._args[arg.kind]] for arg in spec.args)
         self._r.add(name, [(self._call_body(spec, self._args), size)])
@@ -217,9 +217,7 @@ class ProgramGrammar:
     @staticmethod
     def _call_body(spec: FunctionSpec, args: Mapping[str, str]) -> str:
         """The body of a call's rule, each argument of kind ``k`` written by rule ``args[k]``."""
-        names = [spec.name] + [a for a, target in ALIASES.items() if target == spec.name]
-        head = " | ".join(_lit(n) for n in names)
-        parts = [f"({head})", '"["']
+        parts = [_head(spec.name), '"["']
         for i, arg in enumerate(spec.args):
             if i:
                 parts.append('" | "')
@@ -264,8 +262,7 @@ class ProgramGrammar:
         if pairs and "f_Relate" in rules:
             # The whole bracket is one choice, so the direction is narrowed together with its relation.
             rules["g_relate"] = " | ".join(_lit(p) for p in pairs)
-            head = " | ".join(_lit(n) for n in ["Relate", *(a for a, t in ALIASES.items() if t == "Relate")])
-            rules["f_Relate"] = f'({head}) "[" g_relate "]"'
+            rules["f_Relate"] = f'{_head("Relate")} "[" g_relate "]"'
         if rules == self._r.rules:
             return self.ebnf
         return "\n".join(f"{name} ::= {body}" for name, body in _reachable(rules, "root").items()) + "\n"
@@ -414,6 +411,16 @@ class ProgramGrammar:
 _LITERALS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]')
 """String literals and character classes of an EBNF body (what is not a rule name)."""
 _NAMES = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _names(function: str) -> list[str]:
+    """A function's canonical name and the dataset's aliases of it."""
+    return [function] + [alias for alias, target in ALIASES.items() if target == function]
+
+
+def _head(function: str) -> str:
+    """The rule text of a call's function name, any of its ``_names``."""
+    return f"({' | '.join(_lit(n) for n in _names(function))})"
 
 
 def _reachable(rules: dict[str, str], root: str) -> dict[str, str]:

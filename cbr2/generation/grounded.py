@@ -258,10 +258,9 @@ class GroundedMask:
     def __call__(self, generated: Sequence[int], scores: Any) -> Any:
         # The last call is never far back; a bounded tail keeps each step's cost flat.
         text = self.detokenize(generated)[-240:]
-        m = _CALL.search(text)
-        if m is not None and RELATE in self.candidates and _is_relate(m.group(1)):
-            # The whole bracket is one candidate: the direction is narrowed with its relation.
-            return self._keep(scores, self.table.allowed(m.group(2), self.candidates[RELATE]))
+        bracket = self._relate_bracket(text)
+        if bracket is not None:
+            return self._keep(scores, self.table.allowed(bracket, self.candidates[RELATE]))
         kind = next_kind(text)
         if kind is not None:  # "key |": the next token writes " " and maybe the start of the value
             return self._keep(scores, self.table.entering(" ", self.candidates[kind])) if kind in self.candidates else scores
@@ -269,6 +268,15 @@ class GroundedMask:
         if slot is not None and slot[0] in self.candidates:
             return self._keep(scores, self.table.allowed(slot[1], self.candidates[slot[0]]))
         return self._block_openers(text, scores)
+
+    def _relate_bracket(self, text: str) -> str | None:
+        """The text so far of a ``Relate`` bracket that ``text`` ends inside, when the question has
+        narrowed pairs: the whole bracket is one candidate, so the direction is narrowed with its
+        relation. None otherwise."""
+        if RELATE not in self.candidates:
+            return None
+        m = _CALL.search(text)
+        return m.group(2) if m is not None and _is_relate(m.group(1)) else None
 
     def _keep(self, scores: Any, ids: list[int] | None) -> Any:
         """Only ``ids`` stay, if any of them survives the grammar; otherwise the grammar alone decides."""
@@ -290,9 +298,9 @@ class GroundedMask:
         openers = self._openers[self._openers < len(scores)]
         for i in openers[np.isfinite(scores[openers])]:
             opened = text + self.table.texts[i]
-            m = _CALL.search(opened)
-            if m is not None and RELATE in self.candidates and _is_relate(m.group(1)):
-                kind, partial = RELATE, m.group(2)
+            bracket = self._relate_bracket(opened)
+            if bracket is not None:
+                kind, partial = RELATE, bracket
             else:
                 slot = current_slot(opened)
                 if slot is None:
