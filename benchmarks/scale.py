@@ -18,6 +18,8 @@ Stages (``--stages``, comma-separated; default all, in this order):
 ``store``          the KB store (``cbr2.data.kb_store``, in a fresh cache): first load (builds the
                    entry), later load, ``Executor`` init and triples on the stored KB
 ``facts``          fact triples; ``ontology`` ontology triples (and how many without the bound)
+``linking``        the linker's build and every question's links and masked text; then
+                   ``generation.narrow``'s reach of every question (H from 1 to 3)
 ``executor``       ``Executor`` init with the ``cbr2`` engine and with ``kopl`` (a deep copy of the
                    KB), then every question's gold program on each: ms per question and Hits@1
                    through the scoring path (``pipeline.score_generation``)
@@ -268,6 +270,53 @@ def _linking_stages(stage, kb, folder: Path) -> None:
             linker.mask(q.question)
         row["masking_ms"] = 1e3 * (time.perf_counter() - start) / max(1, len(questions))
         row["questions"] = len(questions)
+    _narrowing_stages(stage, kb, questions, links)
+
+
+def _narrowing_stages(stage, kb, questions, links) -> None:
+    """``generation.narrow`` (``cbr2.generation.grounded.Reach``): the index of entity names, then
+    every question's candidates at the questions' own H (their programs stand in for a training
+    pool: the synthetic questions come from one generator) and at each H up to 3, the worst case.
+    Coverage is the share of gold ``Relate`` pairs and concepts that lie in the question's reach."""
+    from cbr2.generation.grounded import RELATE, Reach, pool_hops
+
+    with stage("narrowing build (Reach)") as row:
+        reach = Reach(kb, 1)
+        row["n"] = len(kb.entities)
+        row["note"] = "entities indexed by name"
+    own = pool_hops(q.program for q in questions)
+    for hops in sorted({own, 1, 2, 3}):
+        if hops < 1:
+            continue
+        reach.hops = hops
+        with stage(f"narrowing, every question, H={hops}" + (" (the questions' own)" if hops == own else "")) as row:
+            start, sizes, empty = time.perf_counter(), {RELATE: [], "concept": []}, 0
+            times, covered, gold = [], {RELATE: 0, "concept": 0}, {RELATE: 0, "concept": 0}
+            for q, lk in zip(questions, links):
+                t0 = time.perf_counter()
+                found = reach.candidates(lk)
+                times.append(1e3 * (time.perf_counter() - t0))
+                empty += not found
+                for kind, counts in sizes.items():
+                    counts.append(len(found.get(kind, ())))
+                for step in q.program.steps:
+                    if step.function == "Relate" and len(step.inputs) == 2:
+                        item, kind = " | ".join(step.inputs), RELATE
+                    elif step.function == "FilterConcept" and step.inputs:
+                        item, kind = step.inputs[0], "concept"
+                    else:
+                        continue
+                    gold[kind] += 1
+                    # A kind left out (its reach is the whole KB) covers every gold item.
+                    covered[kind] += kind not in found or item in found[kind]
+            times.sort()
+            row["reach_ms"] = 1e3 * (time.perf_counter() - start) / max(1, len(questions))
+            row["reach_p95_ms"] = times[int(0.95 * (len(times) - 1))] if times else 0.0
+            row["reach_max_ms"] = times[-1] if times else 0.0
+            row["questions"] = len(questions)
+            row["without_candidates"] = empty
+            row["mean_size"] = {k: sum(v) / max(1, len(v)) for k, v in sizes.items()}
+            row["coverage"] = {k: (covered[k], gold[k]) for k in gold}
 
 
 def _executor_stages(stage, kb, folder: Path, state: dict) -> None:
@@ -562,6 +611,12 @@ def _note(row: dict) -> str:
     if "linking_ms" in row:
         parts.append(f"{row['questions']} questions, {row['linking_ms']:.2f} ms per question; precision / recall: "
                      + ", ".join(f"{g} {p:.3f} / {r:.3f}" for g, (p, r) in row["linking"].items()))
+    if "reach_ms" in row:
+        parts.append(f"{row['questions']} questions, mean {row['reach_ms']:.1f} ms, p95 {row['reach_p95_ms']:.1f} ms, "
+                     f"max {row['reach_max_ms']:.0f} ms; mean in reach: "
+                     + ", ".join(f"{k} {v:.1f}" for k, v in row["mean_size"].items())
+                     + "; gold in reach: " + ", ".join(f"{k} {c}/{n}" for k, (c, n) in row["coverage"].items())
+                     + f"; {row['without_candidates']} without candidates")
     if "masking_ms" in row:
         parts.append(f"{row['questions']} questions, {row['masking_ms']:.2f} ms per question")
     if "tokenizer_tokens" in row:
