@@ -217,7 +217,7 @@ class PromptBuilder:
         ValueError: If ``fmt`` or ``knowledge_style`` is not one of the known names.
     """
 
-    def __init__(self, fmt: str = "dag", case_triples: int | None = 3, knowledge_style: str = "triples"):
+    def __init__(self, fmt: str, case_triples: int | None, knowledge_style: str = "triples"):
         _check_style(knowledge_style)  # at construction: a misspelt style fails before any retrieval
         self.fmt = fmt
         self.case_triples = case_triples
