@@ -165,6 +165,12 @@ class GenerationConfig:
     (``cbr2.generation.grounded.Reach``). Acts where ``grounded`` acts (every backend that has it).
     Chosen on validation (docs/results/cpu-default.md, "Relate and concepts narrowed to the KB around
     the question's entities")."""
+    find_needs_link: bool = True
+    """With grounded decoding, a question in which linking found no KB entity gets no ``Find``:
+    its program starts every branch from ``FindAll`` (``cbr2.generation.grounded.slot_candidates``).
+    Without it such a question's ``Find`` is left to the grammar, and a small model fills it with
+    an entity of a case or of the knowledge. Acts where ``grounded`` acts. Chosen on validation
+    (docs/results/cpu-default.md, "No Find without a linked entity")."""
     candidates: int = bounded(1, 1, 16)
     """Execution-guided choice under the grammar (the ``llamacpp`` and ``vllm`` backends): when the
     greedy program does not parse, type-check or execute to a non-empty answer, up to

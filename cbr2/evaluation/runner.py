@@ -108,7 +108,7 @@ def build_prompts(prompt: DictConfig, generation: DictConfig, questions: Sequenc
         item = retrieved.get(q.qid, empty)
         grounding = ()
         if ground and item.links is not None:
-            found = slot_candidates(item.links, q.question)
+            found = slot_candidates(item.links, q.question, generation.find_needs_link)
             if reach is not None:
                 found.update(reach.candidates(item.links))
             grounding = tuple(found.items())

@@ -232,7 +232,8 @@ class ProgramGrammar:
 
         An argument of a kind with candidates (``cbr2.generation.grounded.slot_candidates``:
         ``Prompt.grounding``) may only be one of those the KB grammar accepts for that kind; a kind
-        with none of them valid, or without candidates, keeps the KB grammar's rule. This is the
+        with none of them valid, or without candidates, keeps the KB grammar's rule; a kind given
+        with an empty list is closed, and no branch starts with a call that takes it. This is the
         meaning of the ``llamacpp`` backend's token-level layer (``GroundedMask``) as one grammar,
         for engines that take a grammar per request (vLLM's structured outputs). Rules no longer
         reachable (a closed entity list replaced in every call) are left out, so the engine
@@ -258,6 +259,14 @@ class ProgramGrammar:
             name = f"f_{spec.name}"
             if name in rules and any(args[a.kind] != self._args[a.kind] for a in spec.args):
                 rules[name] = self._call_body(spec, args)
+        for kind, values in candidates.items():
+            if not values and kind in args:
+                # A closed kind (``slot_candidates``: no entity linked): no call taking it may start a branch.
+                closed = {f"f_{spec.name}" for spec in self.functions if any(a.kind == kind for a in spec.args)}
+                for name in [n for n in rules if n.startswith("start_")]:
+                    kept = [alt for alt in rules[name].split(" | ") if alt not in closed]
+                    if kept:
+                        rules[name] = " | ".join(kept)
         pairs = self._relate_pairs(candidates.get(RELATE, ()))
         if pairs and "f_Relate" in rules:
             # The whole bracket is one choice, so the direction is narrowed together with its relation.

@@ -10,7 +10,9 @@ together with the grammar's mask (the ``llamacpp`` backend):
   continue one of the question's candidates for that kind (``slot_candidates``), or end the
   argument once a candidate is complete;
 - a kind without candidates is left to the grammar alone (the fallback when linking found
-  nothing), and so is a step where no candidate's continuation survives the grammar's mask.
+  nothing), and so is a step where no candidate's continuation survives the grammar's mask;
+- a kind present with no candidates is closed: no argument of it may be opened
+  (``generation.find_needs_link``: no ``Find`` in a question that names no KB entity).
 
 Candidates per kind (``slot_candidates``): ``entity`` the linked entities (``Find``); ``quantity``,
 ``year`` and ``date`` the values linking read off the question (a date slot also takes its
@@ -53,8 +55,11 @@ MAX_TOKEN_CHARS = 24
 """Longest token text looked up when extending a candidate (longer tokens are rare in names)."""
 
 
-def slot_candidates(links: Links, question: str) -> dict[str, tuple[str, ...]]:
-    """The candidates of each grounded kind for one question; kinds without any are left out."""
+def slot_candidates(links: Links, question: str, find_needs_link: bool = False) -> dict[str, tuple[str, ...]]:
+    """The candidates of each grounded kind for one question; kinds without any are left out.
+
+    With ``find_needs_link`` (``generation.find_needs_link``) a question without linked entities
+    keeps ``entity`` with no candidates: a closed kind, so no ``Find`` may be written."""
     values = links.values
     spans = tuple(question_spans(question))
     found = {
@@ -66,7 +71,10 @@ def slot_candidates(links: Links, question: str) -> dict[str, tuple[str, ...]]:
         "any": tuple(dict.fromkeys((*values.get("quantity", ()), *values.get("date", ()), *values.get("year", ()),
                                     *spans))),
     }
-    return {kind: items for kind, items in found.items() if items}
+    kept = {kind: items for kind, items in found.items() if items}
+    if find_needs_link and not links.entities:
+        kept["entity"] = ()
+    return kept
 
 
 RELATE = "relate"
@@ -292,7 +300,8 @@ class GroundedMask:
 
     def _block_openers(self, text: str, scores: Any) -> Any:
         """Forbid a token that opens a grounded argument and starts it off every candidate (``Find`` +
-        ``[Net`` when the question names Louis Pasteur): tokenizers merge brackets with what follows."""
+        ``[Net`` when the question names Louis Pasteur), or that opens one of a closed kind:
+        tokenizers merge brackets with what follows."""
         import numpy as np
 
         openers = self._openers[self._openers < len(scores)]
@@ -306,7 +315,12 @@ class GroundedMask:
                 if slot is None:
                     continue
                 kind, partial = slot
-            if kind not in self.candidates or not partial:
+            if kind not in self.candidates:
+                continue
+            if not self.candidates[kind]:  # a closed kind: its argument may not be opened at all
+                scores[i] = -np.inf
+                continue
+            if not partial:
                 continue
             if self.table.allowed(partial, self.candidates[kind]) is None:
                 scores[i] = -np.inf
