@@ -263,10 +263,10 @@ class ProgramGrammar:
             if not values and kind in args:
                 # A closed kind (``slot_candidates``: no entity linked): no call taking it may start a branch.
                 closed = {f"f_{spec.name}" for spec in self.functions if any(a.kind == kind for a in spec.args)}
-                for name in [n for n in rules if n.startswith("start_")]:
-                    kept = [alt for alt in rules[name].split(" | ") if alt not in closed]
-                    if kept:
-                        rules[name] = " | ".join(kept)
+                for out in self._types:  # the start rules as _subtree builds them, less the closed calls
+                    kept = [call for call in self._calls(0, None, out) if call not in closed]
+                    if f"start_{out}" in rules and kept:
+                        rules[f"start_{out}"] = " | ".join(kept)
         pairs = self._relate_pairs(candidates.get(RELATE, ()))
         if pairs and "f_Relate" in rules:
             # The whole bracket is one choice, so the direction is narrowed together with its relation.
