@@ -165,6 +165,12 @@ class GenerationConfig:
     (``cbr2.generation.grounded.Reach``). Acts where ``grounded`` acts (every backend that has it).
     Chosen on validation (docs/results/cpu-default.md, "Relate and concepts narrowed to the KB around
     the question's entities")."""
+    narrow_by_hop: bool = False
+    """With ``narrow``, a ``Relate`` on a branch from ``Find`` takes a pair of the entities at its
+    own hop: the first after ``Find`` one the linked entities have, the second one the entities a
+    step away have, up to H (``cbr2.generation.grounded.Reach``); a ``Relate`` after a join or
+    ``FindAll`` keeps the pairs of the whole reach. It narrows where plain narrowing cannot: with
+    the whole KB within H hops (mini-metaqa), a relation read the wrong way from the topic entity."""
     find_needs_link: bool = True
     """With grounded decoding, a question in which linking found no KB entity gets no ``Find``:
     its program starts every branch from ``FindAll`` (``cbr2.generation.grounded.slot_candidates``).

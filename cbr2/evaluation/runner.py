@@ -81,8 +81,8 @@ def reach_of(cfg: DictConfig, bench: Benchmark) -> Reach | None:
         return None
     hops = pool_hops(q.program for q in bench.questions(bench.family.train_split))
     log.info("generation.narrow: Relate pairs and concepts within %d hop(s) of the linked entities "
-             "(the training pool's longest Relate chain)", hops)
-    return Reach(bench.kb, hops)
+             "(the training pool's longest Relate chain)%s", hops, ", each hop its own" if gen.narrow_by_hop else "")
+    return Reach(bench.kb, hops, gen.narrow_by_hop)
 
 
 def build_prompts(prompt: DictConfig, generation: DictConfig, questions: Sequence[Question],

@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from cbr2.config import GenerationConfig
-from cbr2.generation.grounded import RELATE
+from cbr2.generation.grounded import RELATE, hop_kind, relate_hops
 from cbr2.kb.model import Vocabulary
-from cbr2.kopl.functions import ALIASES, ANSWER_TYPES, CLOSED_KINDS, FUNCTIONS, FunctionSpec, accepts
+from cbr2.kopl.functions import ALIASES, ANSWER_TYPES, CLOSED_KINDS, ENTITY_TYPES, FUNCTIONS, FunctionSpec, accepts
 from cbr2.kopl.grounding import SLOT_KINDS, slot_items
 from cbr2.kopl.text import ARROW, FORMATS, escape_arg
 
@@ -259,22 +259,83 @@ class ProgramGrammar:
             name = f"f_{spec.name}"
             if name in rules and any(args[a.kind] != self._args[a.kind] for a in spec.args):
                 rules[name] = self._call_body(spec, args)
-        for kind, values in candidates.items():
-            if not values and kind in args:
-                # A closed kind (``slot_candidates``: no entity linked): no call taking it may start a branch.
-                closed = {f"f_{spec.name}" for spec in self.functions if any(a.kind == kind for a in spec.args)}
-                for out in self._types:  # the start rules as _subtree builds them, less the closed calls
-                    kept = [call for call in self._calls(0, None, out) if call not in closed]
-                    if f"start_{out}" in rules and kept:
-                        rules[f"start_{out}"] = " | ".join(kept)
+        closed = {f"f_{spec.name}" for spec in self.functions
+                  if any(not candidates[a.kind] for a in spec.args if a.kind in candidates and a.kind in args)}
+        if closed:
+            # A closed kind (``slot_candidates``: no entity linked): no call taking it may start a branch.
+            for out in self._types:  # the start rules as _subtree builds them, less the closed calls
+                kept = [call for call in self._calls(0, None, out) if call not in closed]
+                if f"start_{out}" in rules and kept:
+                    rules[f"start_{out}"] = " | ".join(kept)
         pairs = self._relate_pairs(candidates.get(RELATE, ()))
         if pairs and "f_Relate" in rules:
             # The whole bracket is one choice, so the direction is narrowed together with its relation.
             rules["g_relate"] = " | ".join(_lit(p) for p in pairs)
             rules["f_Relate"] = f'{_head("Relate")} "[" g_relate "]"'
+        self._narrow_by_hop(rules, candidates, closed)
         if rules == self._r.rules:
             return self.ebnf
         return "\n".join(f"{name} ::= {body}" for name, body in _reachable(rules, "root").items()) + "\n"
+
+    def _narrow_by_hop(self, rules: dict[str, str], candidates: Mapping[str, Sequence[str]], closed: set[str]) -> None:
+        """Rewrite ``rules`` so that a ``Relate`` at hop h of a branch from ``Find`` takes its
+        hop's pairs (``hop_kind``, ``generation.narrow_by_hop``), as ``GroundedMask`` does.
+
+        A branch from ``Find`` starts on tails that count the ``Relate`` steps taken
+        (``tail_..._hD``); a filter keeps the count, a ``Relate`` adds one and is written by the
+        hop's own call rule (``f_Relate_hH``) where the question has pairs for that hop, by
+        ``f_Relate`` (the whole reach's pairs, or the KB's) where it has none. Past the farthest
+        hop with pairs, and on every other branch, the tails are the usual ones.
+        """
+        hops = relate_hops(candidates)
+        if not hops or "f_Relate" not in rules or "f_Find" not in rules or "f_Find" in closed:
+            return
+        relate = {}
+        for hop in range(1, hops + 1):
+            pairs = self._relate_pairs(candidates.get(hop_kind(hop), ()))
+            relate[hop] = "f_Relate"
+            if pairs:
+                rules[f"g_relate_h{hop}"] = " | ".join(_lit(p) for p in pairs)
+                rules[f"f_Relate_h{hop}"] = f'{_head("Relate")} "[" g_relate_h{hop} "]"'
+                relate[hop] = f"f_Relate_h{hop}"
+        sep = _lit(f" {ARROW} " if self.fmt == "dag" else "\n")
+
+        def tail(start: str, end: str, calls: int, depth: int) -> str | None:
+            plain = self._memo.get(("tail", start, end, calls))
+            if depth >= hops or start not in ENTITY_TYPES or plain is None:
+                return plain
+            name = f"{plain}_h{depth}"
+            if name in rules:
+                return name
+            done = start in ANSWER_TYPES if end == "answer" else start == end
+            alternatives = ['""'] if done else []
+            for out in self._types if calls > 0 else ():
+                for call in self._calls(1, (start,), out):
+                    steps = depth + (call == "f_Relate")
+                    rest = tail(out, end, calls - 1, steps) if out in ENTITY_TYPES else \
+                        self._memo.get(("tail", out, end, calls - 1))
+                    if rest is not None:
+                        alternatives.append(f"{sep} {relate[steps] if call == 'f_Relate' else call} {rest}")
+            rules[name] = " | ".join(alternatives)
+            return name
+
+        c = self.bounds.max_calls_per_line
+        for (tag, first, last, end), name in list(self._memo.items()):
+            if tag != "sub" or first != last or name is None:
+                continue
+            label = _lit(f"r{last}: " if self.fmt == "dag" else "")
+            alternatives = []
+            for out in self._types:  # one line's alternatives as _subtree builds them, from Find counted
+                starts = [call for call in self._calls(0, None, out) if call not in closed]
+                rest = self._memo.get(("tail", out, end, c))
+                if not starts or rest is None:
+                    continue
+                if "f_Find" in starts:
+                    alternatives.append(f"{label} f_Find {tail(out, end, c, 0)}")
+                    starts.remove("f_Find")
+                if starts:
+                    alternatives.append(f"{label} ({' | '.join(starts)}) {rest}")
+            rules[name] = " | ".join(alternatives)
 
     def _relate_pairs(self, values: Sequence[str]) -> list[str]:
         """``relation | direction`` candidates (``Reach``) as the grammar writes them, those it accepts."""

@@ -29,6 +29,15 @@ wrong way from its entity, or a ``FilterConcept`` that no entity in reach belong
 an empty answer; the KB's own facts rule them out before they are written. Nothing of the
 question's gold side is read.
 
+With ``generation.narrow_by_hop`` as well, a ``Relate`` on a branch that starts from ``Find``
+is narrowed by its place in the chain (``hop_kind``): the first ``Relate`` after ``Find`` takes a
+pair that the linked entities themselves have, the second one that the entities one step away
+have, and so on up to H; a ``Relate`` after a join, after ``FindAll`` or beyond H keeps the pairs
+of the whole reach. Every entity a chain of h ``Relate`` steps (and filters) can yield is the end
+of an h-step walk from a linked entity, so the pairs at hop h hold every pair such a chain can use
+without an empty answer. With 3 hops of reach (mini-metaqa) the whole KB is in reach and plain
+narrowing narrows nothing; by hop, the first ``Relate`` still has only the topic entity's pairs.
+
 The candidates are recorded with the prompt (``Prompt.grounding``), so the predictions cache
 keys on them, and each prediction records which of its arguments were grounded
 (``grounded_arguments``).
@@ -38,7 +47,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cbr2.kb.model import KB
@@ -81,16 +90,34 @@ RELATE = "relate"
 """The candidate kind of a whole ``Relate`` bracket, ``relation | direction`` (``Reach``)."""
 
 
+def hop_kind(hop: int) -> str:
+    """The candidate kind of a ``Relate`` bracket at hop ``hop`` (1: right after ``Find``) of a
+    chain from ``Find`` (``generation.narrow_by_hop``)."""
+    return f"{RELATE}@{hop}"
+
+
+def is_relate_kind(kind: str) -> bool:
+    """Whether ``kind`` holds ``Relate`` brackets (``RELATE`` or a ``hop_kind``)."""
+    return kind == RELATE or kind.startswith(f"{RELATE}@")
+
+
+def relate_hops(candidates: Iterable[str]) -> int:
+    """The farthest hop with its own candidates (``hop_kind``) among the kinds ``candidates``."""
+    return max((int(kind.partition("@")[2]) for kind in candidates if kind.startswith(f"{RELATE}@")), default=0)
+
+
 class Reach:
     """What the KB has within reach of a question's linked entities (``generation.narrow``).
 
     Args:
         kb: The knowledge base.
         hops: How far from a linked entity a ``Relate`` may go (``pool_hops``); 0 narrows nothing.
+        by_hop: Also give each hop of a chain from ``Find`` its own pairs (``hop_kind``,
+            ``generation.narrow_by_hop``).
     """
 
-    def __init__(self, kb: KB, hops: int):
-        self.kb, self.hops = kb, hops
+    def __init__(self, kb: KB, hops: int, by_hop: bool = False):
+        self.kb, self.hops, self.by_hop = kb, hops, by_hop
         self._ids: dict[str, list[str]] = defaultdict(list)
         pairs: set[str] = set()
         for eid, ent in kb.entities.items():
@@ -119,12 +146,14 @@ class Reach:
         none of a kind whose reach is all the KB has.
 
         Relation pairs are read off each entity's own facts, where the KB stores every relation on
-        both ends with the direction a ``Relate`` from that end takes.
+        both ends with the direction a ``Relate`` from that end takes. By hop, the entities at hop
+        h + 1 are every object of a fact of those at hop h, those already seen included: a chain
+        may walk back (from a film to its director, then to the director's other films).
         """
-        frontier = {eid for name in links.entities for eid in self._ids.get(name, ())}
-        if not frontier or self.hops < 1:
+        linked = {eid for name in links.entities for eid in self._ids.get(name, ())}
+        if not linked or self.hops < 1:
             return {}
-        seen, pairs = set(frontier), {}
+        seen, pairs, frontier = set(linked), {}, linked
         for _ in range(self.hops):
             step = set()
             for eid in sorted(frontier):
@@ -134,15 +163,33 @@ class Reach:
                         step.add(rel["object"])
             seen |= step
             frontier = step
+        found = {RELATE: tuple(sorted(pairs))}
+        if self.by_hop:
+            # A hop whose pairs are the whole reach's narrows no further: left out (H = 1 always).
+            found.update({kind: items for kind, items in self._by_hop(linked).items() if items != found[RELATE]})
         concepts = dict.fromkeys(links.concepts)
         for eid in sorted(seen):
             for cid in self.kb.entities[eid].get("instanceOf", []):
                 concepts.update(dict.fromkeys(sorted(self._concepts(cid))))
+        found["concept"] = tuple(concepts)
         # A kind whose reach is the whole KB narrows nothing: left out, the question decodes (and
         # its prompt hashes) as without narrowing (mini-metaqa: every pair is within 3 hops).
-        found = {RELATE: tuple(sorted(pairs)), "concept": tuple(concepts)}
         return {kind: items for kind, items in found.items()
-                if items and len(items) < (self._pairs if kind == RELATE else self._concept_names)}
+                if items and len(items) < (self._pairs if is_relate_kind(kind) else self._concept_names)}
+
+    def _by_hop(self, linked: set[str]) -> dict[str, tuple[str, ...]]:
+        """The pairs of the entities at each hop 1..H of a walk from the linked entities."""
+        found, frontier = {}, linked
+        for hop in range(1, self.hops + 1):
+            pairs, step = set(), set()
+            for eid in frontier:
+                for rel in self.kb.entities[eid].get("relations", []):
+                    pairs.add(f"{rel['relation']} | {rel['direction']}")
+                    if rel["object"] in self.kb.entities:
+                        step.add(rel["object"])
+            found[hop_kind(hop)] = tuple(sorted(pairs))
+            frontier = step
+        return found
 
 
 def pool_hops(programs: Iterable[Program]) -> int:
@@ -150,21 +197,29 @@ def pool_hops(programs: Iterable[Program]) -> int:
     ``Reach``'s H. A chain from ``FindAll`` has no entity to start from and is not counted."""
     longest = 0
     for program in programs:
-        depth: list[int | None] = []
-        for step in program.steps:
-            spec = get_spec(step.function)
-            name = spec.name if spec is not None else step.function
-            inputs = [depth[i] for i in step.dependencies if i < len(depth)]
-            if name == "Find":
-                d: int | None = 0
-            elif not inputs or any(x is None for x in inputs):
-                d = None
-            else:
-                d = max(inputs) + (name == "Relate")
-            depth.append(d)
-            if name == "Relate" and d is not None:
-                longest = max(longest, d)
+        for step, depth in zip(program.steps, find_depths(program), strict=True):
+            if depth is not None and _is_relate(step.function):
+                longest = max(longest, depth)
     return longest
+
+
+def find_depths(program: Program, joins: bool = True) -> list[int | None]:
+    """Per step, the ``Relate`` steps on the way from a ``Find`` to its result (a ``Relate`` step
+    counts itself); None where a ``FindAll`` leads to it. A join takes its deeper input, or with
+    ``joins=False`` is None (the hops ``generation.narrow_by_hop`` narrows by)."""
+    depths: list[int | None] = []
+    for step in program.steps:
+        spec = get_spec(step.function)
+        name = spec.name if spec is not None else step.function
+        inputs = [depths[i] for i in step.dependencies if i < len(depths)]
+        if name == "Find":
+            d: int | None = 0
+        elif not inputs or any(x is None for x in inputs) or (len(inputs) > 1 and not joins):
+            d = None
+        else:
+            d = max(inputs) + (name == "Relate")
+        depths.append(d)
+    return depths
 
 
 def current_slot(text: str) -> tuple[str, str] | None:
@@ -189,6 +244,38 @@ def next_kind(text: str) -> str | None:
     spec = get_spec(m.group(1))
     done = len(m.group(2).split(" | "))
     return spec.args[done].kind if spec is not None and done < len(spec.args) else None
+
+
+_COMPLETE_CALL = re.compile(r"([A-Za-z]+)\[[^\[\]]*\]")
+
+
+def relate_hop(text: str) -> int | None:
+    """The hop of a ``Relate`` that starts where ``text`` ends, on a branch from ``Find``: 1 plus
+    the ``Relate`` steps since that ``Find``. None when the branch starts with ``FindAll`` or a
+    join. Both program forms write a branch's calls one after another after its start or join
+    (the chain form in post-order, one per line), so the calls before it are read backwards
+    until one that takes no input or two."""
+    hop = 1
+    for m in reversed(list(_COMPLETE_CALL.finditer(text))):
+        spec = get_spec(m.group(1))
+        if spec is None:
+            return None
+        if spec.arity != 1:
+            return hop if spec.name == "Find" else None
+        hop += spec.name == "Relate"
+    return None
+
+
+def relate_kind(candidates: Mapping[str, Sequence[str]], text: str) -> str | None:
+    """The candidate kind of a ``Relate`` bracket opened where ``text`` ends: its hop's own
+    (``hop_kind``) if the question has one, else the whole reach's (``RELATE``), else None."""
+    return _kind_at(candidates, relate_hop(text) if relate_hops(candidates) else None)
+
+
+def _kind_at(candidates: Mapping[str, Sequence[str]], hop: int | None) -> str | None:
+    if hop is not None and hop_kind(hop) in candidates:
+        return hop_kind(hop)
+    return RELATE if RELATE in candidates else None
 
 
 class TokenTable:
@@ -264,27 +351,34 @@ class GroundedMask:
         self._openers = np.asarray(table.openers, dtype=np.int64)
 
     def __call__(self, generated: Sequence[int], scores: Any) -> Any:
-        # The last call is never far back; a bounded tail keeps each step's cost flat.
-        text = self.detokenize(generated)[-240:]
-        bracket = self._relate_bracket(text)
+        # The last call is never far back; a bounded tail keeps each step's cost flat. Only a
+        # Relate's hop reads farther back, to the start of its branch.
+        full = self.detokenize(generated)
+        text, head = full[-240:], full[:-240]
+        bracket = self._relate_bracket(text, head)
         if bracket is not None:
-            return self._keep(scores, self.table.allowed(bracket, self.candidates[RELATE]))
+            kind, partial = bracket
+            return self._keep(scores, self.table.allowed(partial, self.candidates[kind]))
         kind = next_kind(text)
         if kind is not None:  # "key |": the next token writes " " and maybe the start of the value
             return self._keep(scores, self.table.entering(" ", self.candidates[kind])) if kind in self.candidates else scores
         slot = current_slot(text)
         if slot is not None and slot[0] in self.candidates:
             return self._keep(scores, self.table.allowed(slot[1], self.candidates[slot[0]]))
-        return self._block_openers(text, scores)
+        return self._block_openers(text, head, scores)
 
-    def _relate_bracket(self, text: str) -> str | None:
-        """The text so far of a ``Relate`` bracket that ``text`` ends inside, when the question has
-        narrowed pairs: the whole bracket is one candidate, so the direction is narrowed with its
-        relation. None otherwise."""
-        if RELATE not in self.candidates:
+    def _relate_bracket(self, text: str, head: str) -> tuple[str, str] | None:
+        """``(candidate kind, text so far)`` of a ``Relate`` bracket that ``text`` (after ``head``,
+        the rest of the generated text) ends inside, when the question has narrowed pairs for it
+        (``relate_kind``): the whole bracket is one candidate, so the direction is narrowed with
+        its relation. None otherwise."""
+        if not any(is_relate_kind(kind) for kind in self.candidates):
             return None
         m = _CALL.search(text)
-        return m.group(2) if m is not None and _is_relate(m.group(1)) else None
+        if m is None or not _is_relate(m.group(1)):
+            return None
+        kind = relate_kind(self.candidates, head + text[:m.start()])
+        return (kind, m.group(2)) if kind is not None else None
 
     def _keep(self, scores: Any, ids: list[int] | None) -> Any:
         """Only ``ids`` stay, if any of them survives the grammar; otherwise the grammar alone decides."""
@@ -298,7 +392,7 @@ class GroundedMask:
             scores[~keep] = -np.inf
         return scores
 
-    def _block_openers(self, text: str, scores: Any) -> Any:
+    def _block_openers(self, text: str, head: str, scores: Any) -> Any:
         """Forbid a token that opens a grounded argument and starts it off every candidate (``Find`` +
         ``[Net`` when the question names Louis Pasteur), or that opens one of a closed kind:
         tokenizers merge brackets with what follows."""
@@ -307,9 +401,9 @@ class GroundedMask:
         openers = self._openers[self._openers < len(scores)]
         for i in openers[np.isfinite(scores[openers])]:
             opened = text + self.table.texts[i]
-            bracket = self._relate_bracket(opened)
+            bracket = self._relate_bracket(opened, head)
             if bracket is not None:
-                kind, partial = RELATE, bracket
+                kind, partial = bracket
             else:
                 slot = current_slot(opened)
                 if slot is None:
@@ -335,17 +429,19 @@ def _is_relate(function: str) -> bool:
 def grounded_arguments(program: Program | None, candidates: dict[str, Sequence[str]]) -> list[dict]:
     """Each argument of a grounded kind in ``program``: its value and whether the question's
     candidates held it (``linked``), for the prediction record. With narrowed candidates
-    (``Reach``), each ``Relate`` bracket (kind ``relate``) and concept argument is listed too."""
+    (``Reach``), each ``Relate`` bracket and concept argument is listed too; a bracket's kind is
+    the one its place in the program narrowed it by (``relate_kind``)."""
     if program is None:
         return []
     out = []
-    for step in program.steps:
+    for step, hop in zip(program.steps, find_depths(program, joins=False), strict=True):
         spec = get_spec(step.function)
         if spec is None:
             continue
-        if spec.name == "Relate" and RELATE in candidates and len(step.inputs) == 2:
+        kind = _kind_at(candidates, hop) if spec.name == "Relate" else None
+        if kind is not None and len(step.inputs) == 2:
             value = " | ".join(step.inputs)
-            out.append({"function": spec.name, "kind": RELATE, "value": value, "linked": value in candidates[RELATE]})
+            out.append({"function": spec.name, "kind": kind, "value": value, "linked": value in candidates[kind]})
             continue
         for arg, value in zip(spec.args, step.inputs, strict=False):
             if arg.kind in GROUNDED_KINDS or (arg.kind == "concept" and arg.kind in candidates):
