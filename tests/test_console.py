@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cbr2.config import CONFIG_DIR, ConfigError, ablation_file, load_config, setting_of
+from cbr2.config import CONFIG_DIR, ConfigError, ablation_files, load_config, setting_of
 
 DEFAULTS = [CONFIG_DIR / "evaluate.yaml"]
 
@@ -31,18 +31,20 @@ def test_config_errors_suggest_the_fix_in_the_projects_words(override, message):
 
 
 @pytest.mark.parametrize("overrides, files, setting", [
-    ([], [], "full"),
+    ([], [], "w/o_knowledge"),  # the CPU default recalls no knowledge
     ([], ["full"], "full"),
-    (["llm.model=smollm2-135m", "retrieval.k_facts=3"], [], "full"),  # other knobs: still the full method
-    (["retrieval.k_facts=0"], [], "w/o_act"),  # an override is the same setting as the file
+    (["llm.model=smollm2-135m", "retrieval.k_ontology=10", "retrieval.k_facts=3"], [], "full"),  # other knobs
+    (["retrieval.k_ontology=10"], [], "w/o_act"),  # an override is the same setting as the files
     ([], ["w/o_act"], "w/o_act"),
+    (["retrieval.k_facts=0"], ["full"], "w/o_act"),
     ([], ["wo_knowledge"], "w/o_knowledge"),  # the file spelling is accepted too
     ([], ["chain"], "chain"),
     ([], ["random_case"], "random_case"),
-    (["prompt.format=chain", "retrieval.k_facts=0"], [], None),  # two changes: no Table 5 row
+    (["prompt.format=chain", "retrieval.k_facts=0"], ["full"], None),  # two changes: no Table 5 row
+    (["prompt.format=chain"], [], None),  # the chain form without knowledge: no row either
 ])
 def test_a_run_is_labelled_by_the_setting_its_configuration_is_in(overrides, files, setting):
-    cfg = load_config(overrides, DEFAULTS + [ablation_file(f) for f in files])
+    cfg = load_config(overrides, DEFAULTS + [f for name in files for f in ablation_files(name)])
     assert setting_of(cfg) == setting
 
 

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from cbr2.config import ABLATIONS, CONFIG_DIR, ConfigError, ablation_file, load_config
+from cbr2.config import ABLATIONS, CONFIG_DIR, ConfigError, ablation_file, compose, load_config
 from cbr2.data.benchmarks import Benchmark
 from cbr2.evaluation.runner import select_questions
 from cbr2.generation.prompt import PROGRAM_SLOT, PromptBuilder, program_text, prompt_hash, system_text
@@ -91,20 +91,23 @@ def test_prompt_hash_and_program_text():
 
 
 def test_every_ablation_is_a_small_delta_and_unknown_names_list_the_valid_ones():
+    # Each setting is the full method's knowledge (K_o = K_f = 10) and its own delta, over a CPU
+    # default that recalls none: so the default itself is w/o_knowledge.
     base = load_config([], files=[CONFIG_DIR / "evaluate.yaml"])
+    knowledge = {"retrieval.k_ontology": 10, "retrieval.k_facts": 10}
     expected = {
-        "full": {},
-        "chain": {"prompt.format": "chain"},
-        "w/o_reasoning_case": {"retrieval.cases": "semantic"},
-        "w/o_semantic_case": {"retrieval.cases": "structural"},
-        "random_case": {"retrieval.cases": "random"},
-        "w/o_act": {"retrieval.k_facts": 0},
-        "w/o_ont": {"retrieval.k_ontology": 0},
-        "w/o_knowledge": {"retrieval.k_facts": 0, "retrieval.k_ontology": 0},
+        "full": knowledge,
+        "chain": {"prompt.format": "chain", **knowledge},
+        "w/o_reasoning_case": {"retrieval.cases": "semantic", **knowledge},
+        "w/o_semantic_case": {"retrieval.cases": "structural", **knowledge},
+        "random_case": {"retrieval.cases": "random", **knowledge},
+        "w/o_act": {"retrieval.k_ontology": 10},
+        "w/o_ont": {"retrieval.k_facts": 10},
+        "w/o_knowledge": {},
     }
     assert set(expected) == set(ABLATIONS)
     for name, delta in expected.items():
-        cfg = load_config([], files=[CONFIG_DIR / "evaluate.yaml", ablation_file(name)])
+        cfg = compose(ablation=name)
         changed = {f"{s}.{k}": cfg[s][k] for s in ("prompt", "retrieval", "llm", "eval", "data")
                    for k in cfg[s] if cfg[s][k] != base[s][k]}
         assert changed == delta, name

@@ -24,6 +24,7 @@ from cbr2.config.ablations import (
     Ablation,
     ablation,
     ablation_file,
+    ablation_files,
     ablation_slug,
     canonical_ablation,
     setting_of,
@@ -49,6 +50,6 @@ from cbr2.config.schema import (
 __all__ = [
     "ABLATIONS", "ABLATION_TABLE", "CONFIG_DIR", "REPO_ROOT", "Ablation", "Config", "ConfigError", "DataConfig",
     "EvalConfig", "GenerationConfig", "LLMConfig", "PromptConfig", "RetrievalConfig", "StructuralConfig",
-    "StructuralTrainConfig", "TrainConfig", "TrainDataConfig", "WandbConfig", "ablation", "ablation_file",
+    "StructuralTrainConfig", "TrainConfig", "TrainDataConfig", "WandbConfig", "ablation", "ablation_file", "ablation_files",
     "ablation_slug", "bounded", "canonical_ablation", "compose", "load_config", "setting_of",
 ]

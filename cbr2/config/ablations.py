@@ -1,5 +1,10 @@
-"""The paper's Table 5 settings (ablations): their names, their delta files over the defaults
+"""The paper's Table 5 settings (ablations): their names, their delta files
 (``configs/ablations/{slug}.yaml``), and which setting a configuration is in.
+
+Every setting is the full method (``full.yaml``: the question's knowledge as the paper recalls it)
+with its own delta on top, whatever the defaults are: the CPU default recalls no knowledge
+(``retrieval.k_ontology`` / ``k_facts`` 0), so ``--ablation w/o_act`` still means the paper's row,
+ontology triples without facts, and not the default less what it does not have.
 """
 
 from __future__ import annotations
@@ -34,8 +39,14 @@ class Ablation:
 
     @property
     def file(self) -> Path:
-        """Its delta file over the defaults, ``configs/ablations/{slug}.yaml``."""
+        """Its delta file, ``configs/ablations/{slug}.yaml`` (over ``full.yaml``'s, for the others)."""
         return CONFIG_DIR / "ablations" / f"{self.slug}.yaml"
+
+    @property
+    def files(self) -> list[Path]:
+        """What ``--ablation`` merges over the defaults, in order: ``full.yaml``, then its own file."""
+        full = CONFIG_DIR / "ablations" / "full.yaml"
+        return [full] if self.file == full else [full, self.file]
 
 
 ABLATION_TABLE = (
@@ -90,27 +101,36 @@ def ablation_file(name: str) -> Path:
     return ablation(name).file
 
 
+def ablation_files(name: str) -> list[Path]:
+    """What ``--ablation NAME`` merges over the defaults: ``full.yaml``, then the setting's own file.
+
+    Raises:
+        ConfigError: For an unknown name, with the closest valid one.
+    """
+    return ablation(name).files
+
+
 def setting_of(cfg: DictConfig) -> str | None:
     """The Table 5 setting a configuration is in, from its values, or None for none of them.
 
     The keys the ablation files set (``prompt.format``, ``retrieval.cases``, ``retrieval.k_facts``,
-    ``retrieval.k_ontology``) decide: a setting is its file's values on those keys, with the
-    full method's everywhere else (the default of a choice, any number above 0 for a ``k``). So
-    a run without ``--ablation`` on the defaults is ``full``, and ``retrieval.k_facts=0`` given
-    as an override is ``w/o_act``, as ``--ablation w/o_act`` is.
+    ``retrieval.k_ontology``) decide: a setting is its files' values on those keys (a ``k`` only
+    as 0 or above 0), with the defaults' elsewhere. So ``retrieval.k_facts=3`` is still ``full``,
+    ``retrieval.k_ontology=10`` given as an override on the CPU default is ``w/o_act``, as
+    ``--ablation w/o_act`` is, and a run on the CPU default is ``w/o_knowledge``.
     """
-    deltas = {a.name: leaves(OmegaConf.to_container(read_yaml(a.file))) for a in ABLATION_TABLE}
+    deltas = {a.name: {k: v for f in a.files for k, v in leaves(OmegaConf.to_container(read_yaml(f))).items()}
+              for a in ABLATION_TABLE}
     keys = sorted(set().union(*deltas.values()))
     defaults = OmegaConf.structured(Config)
 
-    def full_like(key: str, value: Any) -> bool:
-        default = OmegaConf.select(defaults, key)
-        if isinstance(default, int) and not isinstance(default, bool):
-            return isinstance(value, int) and value > 0
-        return value == default
+    def same(value: Any, want: Any) -> bool:
+        if isinstance(want, int) and not isinstance(want, bool):
+            return isinstance(value, int) and (value > 0) == (want > 0)
+        return value == want
 
     values = {k: OmegaConf.select(cfg, k) for k in keys}
     for name, delta in deltas.items():
-        if all(values[k] == delta[k] if k in delta else full_like(k, values[k]) for k in keys):
+        if all(same(values[k], delta[k] if k in delta else OmegaConf.select(defaults, k)) for k in keys):
             return name
     return None

@@ -29,7 +29,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from cbr2.common.console import did_you_mean
 from cbr2.common.errors import ConfigError
-from cbr2.config.ablations import ablation_file
+from cbr2.config.ablations import ablation_files
 from cbr2.config.fields import ranges
 from cbr2.config.files import CONFIG_DIR, read_yaml
 from cbr2.config.schema import Config, TrainConfig
@@ -221,11 +221,12 @@ def compose(schema: type = Config, *, ablation: str | None = None, files: Iterab
             overrides: Iterable[str] = ()) -> DictConfig:
     """The configuration of a run, layered the one way every entry point, sweep task and on-demand
     training does: the schema's defaults, its entry point's file (``configs/evaluate.yaml`` or
-    ``configs/train.yaml``), the ablation's delta file, ``files``, then ``key=value`` overrides.
+    ``configs/train.yaml``), the ablation's files (``full.yaml`` and its delta), ``files``, then
+    ``key=value`` overrides.
 
     Raises:
         ConfigError: As ``load_config``, or for an unknown ablation.
     """
-    delta = [ablation_file(ablation)] if ablation else []
+    delta = ablation_files(ablation) if ablation else []
     defaults = CONFIG_DIR / ("train.yaml" if schema is TrainConfig else "evaluate.yaml")
     return load_config(list(overrides), files=[defaults, *delta, *files], schema=schema)

@@ -151,8 +151,8 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
         retrieval_only: Retrieve and score retrieval only (every view), no generation.
         ablation: The ``--ablation`` name the configuration came from (recorded; names the folder).
             The Table 5 setting the run is labelled with is read off the configuration itself
-            (``config.setting_of``), so a run of the defaults is Full CBR² with or without
-            ``--ablation full``.
+            (``config.setting_of``), so a run of the CPU defaults is w/o_knowledge with or
+            without ``--ablation w/o_knowledge``.
 
     Returns:
         The metrics (also written to ``metrics.json``).
