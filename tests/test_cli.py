@@ -50,8 +50,9 @@ def test_evaluate_cli_writes_results_and_prints_where(tmp_path):
 
 @pytest.mark.slow
 def test_retrieval_only_cli_scores_every_view(tmp_path):
-    proc = _run("--retrieval-only", "data.name=mini-metaqa", "eval.limit=30", BACKBONE, f"output_dir={tmp_path}",
-                cwd=tmp_path)
+    # The full method's retrieval: the CPU default recalls no knowledge triples to score.
+    proc = _run("--retrieval-only", "--ablation", "full", "data.name=mini-metaqa", "eval.limit=30", BACKBONE,
+                f"output_dir={tmp_path}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "sketch-hit@5 semantic" in proc.stdout and "knowledge recall" in proc.stdout
     metrics = json.loads((tmp_path / "metrics.json").read_text())
@@ -127,7 +128,7 @@ def test_show_prompt_prints_the_prompt_and_nothing_else(tmp_path):
 
     third = select_questions(Benchmark("mini-kqapro"), load_config(["eval.per_category=null"]))[2]
     assert f"--show-prompt 2: question id {third.qid} ({third.category})" in proc.stderr
-    full = _run("--show-prompt", "2", BACKBONE, "llm.model=smollm2-135m", cwd=tmp_path).stdout
+    full = _run("--show-prompt", "2", "--ablation", "full", BACKBONE, "llm.model=smollm2-135m", cwd=tmp_path).stdout
     assert "\nOntology:" in full and full.split("\n\nQuestion:")[-1] != out.split("\n\nQuestion:")[-1]
     assert not list(tmp_path.iterdir())  # nothing written
 

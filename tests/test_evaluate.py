@@ -224,7 +224,7 @@ def test_a_constrained_cpu_llm_run_writes_only_well_typed_programs(tmp_path, mod
 
 @pytest.mark.slow
 def test_the_default_qwen_model_answers_with_its_cases(tmp_path):
-    """The CPU default (Qwen2.5-Coder-0.5B, DAG prompt with knowledge and dual cases) on the first
+    """The CPU default (Qwen2.5-Coder-0.5B, DAG prompt with its cases, grounded decoding) on the first
     9 questions of the balanced sample, one per category: it must get some right and write
     parseable programs for most. (A model that fails every question would prove nothing.)"""
     _needs_packaged("qwen2.5-coder-0.5b")

@@ -28,7 +28,7 @@ HASH = "a" * 64
 
 
 def write_run(root, name, per_category, *, ablation=None, benchmark="kqapro", split="val", model="Qwen/Qwen3-8B",
-              seed=0, git="abc123", qhash=HASH, ser=0.0371, hits=None, generation=None,
+              backend="vllm", seed=0, git="abc123", qhash=HASH, ser=0.0371, hits=None, generation=None,
               comparison=ANSWER_COMPARISON, per_type=None):
     """A run folder whose metrics.json has the structure the runner writes; ``per_category``: cat -> (hits, n);
     ``per_type``: reasoning type -> (hits, n)."""
@@ -43,7 +43,7 @@ def write_run(root, name, per_category, *, ablation=None, benchmark="kqapro", sp
                          for c, (h, k) in per_category.items()},
         "errors": {"syntax": 0, "type": 0, "execution": 0, "empty": 0, "wrong": 0},
         "provenance": {
-            "config": {"data": {"name": benchmark, "split": split}, "llm": {"backend": "vllm", "model": model},
+            "config": {"data": {"name": benchmark, "split": split}, "llm": {"backend": backend, "model": model},
                        "prompt": {"format": "chain" if ablation == "chain" else "dag"},
                        **({"generation": generation} if generation else {})},
             "ablation": ablation, "prompt_version": "v1", "git": git, "split": split, "seed": seed, "n": n,
@@ -345,6 +345,11 @@ def test_runs_of_several_models_make_a_model_size_ladder(tmp_path):
     assert main([*map(str, dirs), "--out", str(out)]) == 0
     assert (out / "ladder.png").stat().st_size > 0 and json.loads((out / "ladder.json").read_text()) == ladder
     assert ladder_data(table_data([load_run(d) for d in dirs[:2]])) is None  # one model: no ladder
+    # llm.model unset on llama.cpp is the packaged default, placed by its size.
+    default = write_run(tmp_path, "default-full", cats(0.4), ablation="full", model=None, backend="llamacpp")
+    ladder = ladder_data(table_data([load_run(d) for d in [*dirs, default]]))
+    assert [m["model"] for m in ladder["models"]] == ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
+    assert ladder["models"][1]["params_b"] == 0.49
 
 
 def test_paired_bootstrap_in_batches_is_bounded_and_exact():

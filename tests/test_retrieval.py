@@ -286,8 +286,9 @@ def test_retrieval_never_sees_the_gold_programs_or_answers_of_the_evaluated_spli
         q["program"], q["answer"] = other["program"], other["answer"] + " (tampered)"
     (tampered / "val.json").write_text(json.dumps(val))
 
-    # With linking and masking on, so that they are proven blind to them too.
-    on = ("retrieval.link=true", "retrieval.mask_mentions=true")
+    # With linking and masking on, so that they are proven blind to them too, and the full method's
+    # knowledge (the CPU default recalls none).
+    on = ("retrieval.link=true", "retrieval.mask_mentions=true", "retrieval.k_ontology=10", "retrieval.k_facts=10")
     m_honest, r_honest = _retrieval_run(tmp_path, honest, "kqapro", "eval.limit=40", *on)
     shutil.move(tmp_path / "kqapro", tmp_path / "kqapro-honest")
     m_tampered, r_tampered = _retrieval_run(tmp_path, tampered, "kqapro", "eval.limit=40", *on)
@@ -317,6 +318,7 @@ def test_prompts_never_see_the_gold_programs_or_answers_of_the_evaluated_split(t
         cfg = load_config(["data.name=kqapro", f"data.root={root}", f"output_dir={tmp_path / name / 'run'}",
                            BACKBONE, "llm.backend=fake", "generation.constrained=false", "eval.per_category=null", "eval.limit=18",
                            "retrieval.link=true", "retrieval.mask_mentions=true",  # nor linking nor masking
+                           "retrieval.k_ontology=10", "retrieval.k_facts=10",  # the full method's knowledge
                            "wandb.mode=disabled"])
         metrics = run_evaluation(cfg)
         prompts[name] = [fake_backend.render(p) for p in fake_backend.prompts]

@@ -52,14 +52,15 @@ def _needs_packaged():
 
 @pytest.fixture(scope="module")
 def default_prompts():
-    """The first prompts of the default evaluation (configs/evaluate.yaml), retrieval included."""
-    from cbr2.config import CONFIG_DIR, load_config
+    """The first prompts of the default evaluation with the full method's knowledge (``--ablation
+    full``: every part of the paper's prompt, the question's triples too), retrieval included."""
+    from cbr2.config import compose
     from cbr2.data.benchmarks import Benchmark
     from cbr2.evaluation.runner import _prepare, build_prompts, select_questions
     from cbr2.retrieval.cases import Query
     from cbr2.retrieval.retriever import Retriever
 
-    cfg = load_config(["wandb.mode=disabled"], files=[CONFIG_DIR / "evaluate.yaml"])
+    cfg = compose(ablation="full", overrides=["wandb.mode=disabled"])
     bench = Benchmark(cfg.data.name, cfg.data.root)
     questions = select_questions(bench, cfg)[:N_PROMPTS]
     cfg = _prepare(cfg, bench, retrieval_only=False)  # with the structural retriever resolved

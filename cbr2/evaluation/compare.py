@@ -34,6 +34,7 @@ from cbr2.data.questions import KQAPRO_ABBREVIATIONS, KQAPRO_CATEGORIES, KQAPRO_
 from cbr2.evaluation.figures import cell, percent_bars, render_table, size_lines
 from cbr2.evaluation.metrics import ANSWER_COMPARISON
 from cbr2.evaluation.run_report import pct
+from cbr2.llm.packaged import DEFAULT_MODEL
 
 _RANK = {a.name: i for i, a in enumerate(ABLATION_TABLE)}
 """A run's ``ablation`` (its provenance's setting name) → its row in Table 5 (``config.ABLATION_TABLE``)."""
@@ -106,7 +107,10 @@ def load_run(path: str | Path) -> dict[str, Any]:
         "ablation": prov["setting"] if "setting" in prov else canonical_ablation(prov.get("ablation")),
         "benchmark": data.get("name"),
         "split": prov.get("split") or data.get("split"),
-        "llm": {"backend": llm.get("backend"), "model": llm.get("model")},
+        # llm.model unset is the packaged default that the in-process CPU backends load, so a
+        # ladder places it by its size.
+        "llm": {"backend": llm.get("backend"),
+                "model": llm.get("model") or (DEFAULT_MODEL if llm.get("backend") in ("llamacpp", "hf") else None)},
         # The evaluation's own seed when recorded; older runs only have the sampling seed.
         "seed": prov.get("seed", llm.get("seed")),
         "git": prov.get("git"),
