@@ -24,6 +24,7 @@ CHECKPOINTS_DIR = "checkpoints"
 ProgramFormat = Literal["dag", "chain"]  # prompt.format: cbr2.kopl.text.FORMATS
 KnowledgeStyle = Literal["triples", "steps"]  # prompt.knowledge_style: cbr2.generation.prompt.KNOWLEDGE_STYLES
 CaseMode = Literal["dual", "semantic", "structural", "random", "none"]  # retrieval.cases: retriever.CASE_MODES
+KnowledgeMatch = Literal["similarity", "words"]  # retrieval.knowledge_match: cbr2.retrieval.knowledge.KNOWLEDGE_MATCHES
 IndexKind = Literal["flat", "hnsw", "ivf"]  # retrieval.index: cbr2.retrieval.index.INDEX_KINDS
 EncoderBackend = Literal["auto", "torch", "onnx", "onnx-int8"]  # retrieval.encoder_backend: encoders.BACKENDS
 ExecutorEngine = Literal["cbr2", "kopl"]  # eval.executor: cbr2.kopl.executor.ENGINES
@@ -251,6 +252,12 @@ class RetrievalConfig:
     k_facts: int = bounded(0, 0)
     """Fact triples per question (K_f; the paper's, and ``--ablation full``'s, 10; 0 on the CPU
     default, as ``k_ontology``)."""
+    knowledge_match: KnowledgeMatch = "similarity"
+    """How the K_o + K_f triples are chosen, for the question and for each case: ``similarity``,
+    the nearest to the question (the paper's); ``words``, among the nearest 100 of each kind (and
+    all the facts of the linked entities), only those whose relation, attribute or qualifier key
+    shares a word stem with the question outside its entity names, so a question whose words name
+    no schema item shows none (``cbr2.retrieval.knowledge``)."""
     k_semantic: int = bounded(3, 0)
     """Cases from the semantic view (k_s; the paper: 5, ``configs/paper.yaml``)."""
     k_structural: int = bounded(3, 0)
