@@ -200,11 +200,15 @@ def test_the_word_match_shows_only_triples_the_question_names(tiny_kb, tmp_path)
     questions = ["What is the height of Marie Curie?", "Who is Marie Curie?", "What is the population of Warsaw?"]
     linked = [("Marie Curie",), ("Marie Curie",), ("Warsaw",)]
     height, nothing, population = retriever.retrieve(enc.encode(questions), linked, questions)
-    assert [t.text for t in height.facts] == ["Marie Curie | height | 155 centimetre",
-                                              "Pierre Curie | height | 180 centimetre"]
+    # Only the linked entity's facts: Pierre Curie's height matches the words, not the question.
+    assert [t.text for t in height.facts] == ["Marie Curie | height | 155 centimetre"]
     assert height.ontology and all(("key", "height") in t.terms for t in height.ontology)
     assert nothing == Knowledge()  # nearest triples there are, but the question names no schema item
-    assert population.facts[0].text.startswith("Warsaw | population | 1790658")
+    assert [t.text for t in population.facts] == ["Warsaw | population | 1790658 (point in time: 2021)"]
+    # Without a linked entity the nearest matching facts of any entity are shown.
+    (unlinked,) = retriever.retrieve(enc.encode(["Which has the largest population?"]), [()],
+                                     ["Which has the largest population?"])
+    assert {t.subject for t in unlinked.facts} == {"Warsaw", "Paris"} and {t.predicate for t in unlinked.facts} == {"population"}
     assert len(population.ontology) <= 3 and len(population.facts) <= 2
     # The same searches by similarity fill every K.
     nearest = KnowledgeRetriever(tiny_kb, enc, "kw", EmbeddingStore(tmp_path), k_ontology=3, k_facts=2)

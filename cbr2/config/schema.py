@@ -257,7 +257,8 @@ class RetrievalConfig:
     the nearest to the question (the paper's); ``words``, among the nearest 100 of each kind (and
     all the facts of the linked entities), only those whose relation, attribute or qualifier key
     shares a word stem with the question outside its entity names, so a question whose words name
-    no schema item shows none (``cbr2.retrieval.knowledge``)."""
+    no schema item shows none, and facts only of the linked entities when they have any
+    (``cbr2.retrieval.knowledge``)."""
     k_semantic: int = bounded(3, 0)
     """Cases from the semantic view (k_s; the paper: 5, ``configs/paper.yaml``)."""
     k_structural: int = bounded(3, 0)

@@ -14,7 +14,8 @@ With ``retrieval.knowledge_match=words`` a triple is shown only when a word of i
 attribute key or qualifier key (of its concept, for ``instance of`` and ``subclass of``) shares a
 stem with a word the question uses outside its linked entity names (``asked_stems``,
 ``mentions``): the nearest ``CANDIDATES`` of each kind are searched, and the first K that match
-are kept, so a question whose words name no schema item gets none. Similarity alone fills the K
+are kept, so a question whose words name no schema item gets none; facts come from the linked
+entities alone when they have any. Similarity alone fills the K
 with whatever is nearest, and a small model copies those relations ("How many Tom Hanks movies
 came out before 2000?" → ``Relate[award received]``).
 """
@@ -198,9 +199,15 @@ class KnowledgeRetriever:
                               for q, names, nearest in zip(query_embeddings, linked, found["facts"], strict=True)]
         if words:
             for i, question in enumerate(questions):
-                stems = asked_stems(question, linked[i] if linked is not None else ())
-                for label, k in (("ontology", self.k_ontology), ("facts", self.k_facts)):
-                    found[label][i] = tuple(islice((t for t in found[label][i] if mentions(t, stems)), k))
+                names = frozenset(linked[i]) if linked is not None else frozenset()
+                stems = asked_stems(question, names)
+                found["ontology"][i] = tuple(islice((t for t in found["ontology"][i] if mentions(t, stems)),
+                                                    self.k_ontology))
+                # Facts of the question's own entities only, when it has any: another entity's fact
+                # shows a matching key with a name the question never gives, which a small model copies.
+                own = any(self.facts_of(name) for name in names)
+                found["facts"][i] = tuple(islice((t for t in found["facts"][i] if mentions(t, stems) and (
+                    not own or t.subject in names or t.object in names)), self.k_facts))
         return [Knowledge(ont, facts) for ont, facts in zip(found["ontology"], found["facts"], strict=True)]
 
     def _linked_first(self, query: np.ndarray, names: tuple[str, ...], nearest: tuple[Triple, ...],
