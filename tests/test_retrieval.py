@@ -180,7 +180,7 @@ def test_knowledge_retriever_finds_the_matching_triples(tiny_kb, tmp_path):
 def test_the_word_match_reads_what_the_question_asks_not_the_names_it_gives():
     directed = asked_stems("Who directed The Godfather Part II?", ["The Godfather Part II"])
     assert directed == {"direct"}  # stop words and the entity's own words are gone
-    relation = lambda name: Triple("X", name, "Y", terms=frozenset({("relation", name)}))  # noqa: E731
+    relation = lambda name: Triple("X", name, "Y", terms=frozenset({("relation", name)}))
     assert mentions(relation("director"), directed)  # a stem begins the longer one
     assert not mentions(relation("award received"), directed)
     # An entity name's words never ask for a relation: "Star" names the film, not starred_actors.
