@@ -258,7 +258,9 @@ class RetrievalConfig:
     all the facts of the linked entities), only those whose relation, attribute or qualifier key
     shares a word stem with the question outside its entity names, so a question whose words name
     no schema item shows none, and facts only of the linked entities when they have any
-    (``cbr2.retrieval.knowledge``)."""
+    (``cbr2.retrieval.knowledge``). Off: chosen on validation, it lost 18.9 points to w/o knowledge
+    on the held-out mini-kqapro questions (docs/results/cpu-default.md, "Knowledge the question
+    asks for")."""
     k_semantic: int = bounded(3, 0)
     """Cases from the semantic view (k_s; the paper: 5, ``configs/paper.yaml``)."""
     k_structural: int = bounded(3, 0)
