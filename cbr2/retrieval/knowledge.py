@@ -15,9 +15,9 @@ attribute key or qualifier key (of its concept, for ``instance of`` and ``subcla
 stem with a word the question uses outside its linked entity names (``asked_stems``,
 ``mentions``): the nearest ``CANDIDATES`` of each kind are searched, and the first K that match
 are kept, so a question whose words name no schema item gets none; facts come from the linked
-entities alone when they have any. Similarity alone fills the K
-with whatever is nearest, and a small model copies those relations ("How many Tom Hanks movies
-came out before 2000?" → ``Relate[award received]``).
+entities alone when they have any. Similarity alone fills the K with whatever is nearest, and a
+small model copies those relations ("How many Tom Hanks movies came out before 2000?" →
+``Relate[award received]``).
 """
 
 from __future__ import annotations
