@@ -16,6 +16,7 @@ from cbr2.config import ABLATION_TABLE, ABLATIONS, CONFIG_DIR, ablation, load_co
 from cbr2.config.fields import ranges
 from cbr2.config.files import leaves
 from cbr2.config.schema import (
+    AnswerType,
     CaseMode,
     Config,
     EncoderBackend,
@@ -90,6 +91,7 @@ def test_a_preset_loads_and_each_of_its_keys_takes_effect(name):
 
 
 def test_each_choice_type_is_the_set_of_the_code_that_reads_it():
+    from cbr2.generation.grounded import ANSWER_SOURCES
     from cbr2.generation.prompt import KNOWLEDGE_STYLES
     from cbr2.kopl.executor import ENGINES
     from cbr2.kopl.text import FORMATS
@@ -101,7 +103,7 @@ def test_each_choice_type_is_the_set_of_the_code_that_reads_it():
 
     pairs = [(ProgramFormat, FORMATS), (CaseMode, CASE_MODES), (IndexKind, INDEX_KINDS), (ExecutorEngine, ENGINES),
              (StructuralLabel, LABELS), (EncoderBackend, BACKENDS), (KnowledgeStyle, KNOWLEDGE_STYLES),
-             (KnowledgeMatch, KNOWLEDGE_MATCHES)]
+             (KnowledgeMatch, KNOWLEDGE_MATCHES), (AnswerType, ANSWER_SOURCES)]
     for literal, table in pairs:
         assert typing.get_args(literal) == tuple(table), (literal, table)
 

@@ -24,6 +24,7 @@ CHECKPOINTS_DIR = "checkpoints"
 ProgramFormat = Literal["dag", "chain"]  # prompt.format: cbr2.kopl.text.FORMATS
 KnowledgeStyle = Literal["triples", "steps"]  # prompt.knowledge_style: cbr2.generation.prompt.KNOWLEDGE_STYLES
 CaseMode = Literal["dual", "semantic", "structural", "random", "none"]  # retrieval.cases: retriever.CASE_MODES
+AnswerType = Literal["free", "structural"]  # generation.answer_type: cbr2.generation.grounded.ANSWER_SOURCES
 KnowledgeMatch = Literal["similarity", "words"]  # retrieval.knowledge_match: cbr2.retrieval.knowledge.KNOWLEDGE_MATCHES
 IndexKind = Literal["flat", "hnsw", "ivf"]  # retrieval.index: cbr2.retrieval.index.INDEX_KINDS
 EncoderBackend = Literal["auto", "torch", "onnx", "onnx-int8"]  # retrieval.encoder_backend: encoders.BACKENDS
@@ -178,6 +179,13 @@ class GenerationConfig:
     Without it such a question's ``Find`` is left to the grammar, and a small model fills it with
     an entity of a case or of the knowledge. Acts where ``grounded`` acts. Chosen on validation
     (docs/results/cpu-default.md, "No Find without a linked entity")."""
+    answer_type: AnswerType = "free"
+    """With grounded decoding, what the program may end with: ``free``, any answer the grammar
+    allows; ``structural``, one of the answer types (count, bool, an attribute's values, names ...)
+    that the programs of the structural view's cases end with (``cbr2.generation.grounded``,
+    ``case_answer_types``). The structural retriever ranks the pool by program likeness from the
+    question text, so its cases say what kind of answer is asked for; no gold program is read.
+    Acts where ``grounded`` acts and the prompt has structural cases (``retrieval.cases``)."""
     candidates: int = bounded(1, 1, 16)
     """Execution-guided choice under the grammar (the ``llamacpp`` and ``vllm`` backends): when the
     greedy program does not parse, type-check or execute to a non-empty answer, up to

@@ -41,7 +41,7 @@ from cbr2.evaluation.selection import resolve_shard, select_questions, shard_of
 from cbr2.generation.canonicalize import Canonicalizer, build_canonicalizer
 from cbr2.generation.fallback import FIRES_ON, build_correction, corrected, first_pass
 from cbr2.generation.grammar import build_grammar
-from cbr2.generation.grounded import Reach, grounded_arguments, pool_hops, slot_candidates
+from cbr2.generation.grounded import ANSWER, Reach, case_answer_types, grounded_arguments, pool_hops, slot_candidates
 from cbr2.generation.prompt import PromptBuilder, prompt_hash
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.sketch import schema_items, sketch
@@ -94,7 +94,8 @@ def build_prompts(prompt: DictConfig, generation: DictConfig, questions: Sequenc
 
     Args:
         prompt: The ``prompt`` section (program format, triples per case, knowledge style).
-        generation: The ``generation`` section (grounded decoding shows its candidates).
+        generation: The ``generation`` section (grounded decoding's candidates; with
+            ``answer_type=structural`` the answer types of the structural view's cases join them).
         questions: The questions, in order.
         retrieved: What retrieval returned, by question id (a question without it gets none).
         reach: With ``generation.narrow`` (``reach_of``), the relation pairs and concepts around
@@ -111,6 +112,8 @@ def build_prompts(prompt: DictConfig, generation: DictConfig, questions: Sequenc
             found = slot_candidates(item.links, q.question, generation.find_needs_link)
             if reach is not None:
                 found.update(reach.candidates(item.links))
+            if generation.answer_type == "structural" and (answers := case_answer_types(item.cases)):
+                found[ANSWER] = answers
             grounding = tuple(found.items())
         prompts.append(builder.build(Query(q.qid, q.question), item.knowledge, item.cases, item.case_knowledge,
                                      item.links, item.case_links or None, grounding))

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from cbr2.config import GenerationConfig
-from cbr2.generation.grounded import RELATE, hop_kind, relate_hops
+from cbr2.generation.grounded import ANSWER, RELATE, hop_kind, relate_hops
 from cbr2.kb.model import Vocabulary
 from cbr2.kopl.functions import ALIASES, ANSWER_TYPES, CLOSED_KINDS, ENTITY_TYPES, FUNCTIONS, FunctionSpec, accepts
 from cbr2.kopl.grounding import SLOT_KINDS, slot_items
@@ -240,13 +240,19 @@ class ProgramGrammar:
         compiles a smaller grammar. Its language is a subset of ``ebnf``'s: ``max_bytes`` still
         bounds it.
 
+        The ``answer`` kind (``cbr2.generation.grounded.ANSWER``, ``generation.answer_type``) is
+        not an argument's: the program's last line must end with one of its answer types.
+
         Args:
             candidates: Argument kind → the question's values for it (as linking wrote them).
 
         Returns:
             The EBNF text; ``ebnf`` itself when no candidate is valid.
         """
+        root = self._answer_root(candidates.get(ANSWER, ()))
         rules = dict(self._r.rules)
+        if root is not None:
+            rules["root"] = root
         args = dict(self._args)
         for kind, values in candidates.items():
             if kind not in args:
@@ -276,6 +282,17 @@ class ProgramGrammar:
         if rules == self._r.rules:
             return self.ebnf
         return "\n".join(f"{name} ::= {body}" for name, body in _reachable(rules, "root").items()) + "\n"
+
+    def _answer_root(self, answers: Sequence[str]) -> str | None:
+        """The ``root`` rule of programs ending with one of ``answers`` (answer types), or None when
+        that narrows nothing or no such program can be written (the KB grammar's root stays). The
+        rules it needs join the KB grammar's (memoised, like every subtree) but not ``ebnf``."""
+        kept = [t for t in self._types if t in ANSWER_TYPES and t in answers]
+        if not kept or kept == [t for t in self._types if t in ANSWER_TYPES]:
+            return None
+        programs = [self._subtree(1, last, t) for last in range(1, self.bounds.max_lines + 1) for t in kept]
+        program = self._group([p for p in programs if p], "program_" + "_".join(kept))
+        return None if program is None else f'{program} "\\n\\n"?'
 
     def _narrow_by_hop(self, rules: dict[str, str], candidates: Mapping[str, Sequence[str]], closed: set[str]) -> None:
         """Rewrite ``rules`` so that a ``Relate`` at hop h of a branch from ``Find`` takes its

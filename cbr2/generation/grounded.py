@@ -38,6 +38,17 @@ of an h-step walk from a linked entity, so the pairs at hop h hold every pair su
 without an empty answer. With 3 hops of reach (mini-metaqa) the whole KB is in reach and plain
 narrowing narrows nothing; by hop, the first ``Relate`` still has only the topic entity's pairs.
 
+With ``generation.answer_type=structural``, one more kind, ``answer``, holds the answer types
+(``cbr2.kopl.functions.ANSWER_TYPES``: ``count``, ``bool``, ``values`` ...) that the cases of the
+structural view end with (``case_answer_types``): the program must end with one of them. The
+structural retriever ranks the pool by how alike the programs are, from the question text alone,
+so its cases' last functions say what kind of answer the question asks for; a small model instead
+copies the last function of the case most like the question in wording (``SelectBetween`` for
+"which has the lowest", ``QueryAttrQualifier`` for "what visitors per year"). The layer forbids a
+call whose result can no longer become an allowed answer (``What`` where a count is asked) and
+the end of a program whose result is not one (a ``QueryAttr`` where a ``VerifyNum`` must follow).
+Without the structural view in the prompt (``retrieval.cases``) the kind is absent.
+
 The candidates are recorded with the prompt (``Prompt.grounding``), so the predictions cache
 keys on them, and each prediction records which of its arguments were grounded
 (``grounded_arguments``).
@@ -48,12 +59,16 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cbr2.kb.model import KB
-from cbr2.kopl.functions import get_spec
+from cbr2.kopl.functions import ALIASES, ANSWER_TYPES, ENTITY_TYPES, FUNCTIONS, accepts, get_spec
 from cbr2.kopl.program import Program
+from cbr2.kopl.text import ARROW
 from cbr2.retrieval.linking import Links, question_spans
+
+if TYPE_CHECKING:
+    from cbr2.retrieval.cases import Case
 
 GROUNDED_KINDS = ("entity", "quantity", "year", "date", "string", "any")
 """Argument kinds whose values come from the question."""
@@ -104,6 +119,49 @@ def is_relate_kind(kind: str) -> bool:
 def relate_hops(candidates: Iterable[str]) -> int:
     """The farthest hop with its own candidates (``hop_kind``) among the kinds ``candidates``."""
     return max((int(kind.partition("@")[2]) for kind in candidates if kind.startswith(f"{RELATE}@")), default=0)
+
+
+ANSWER = "answer"
+"""The candidate kind of the types the whole program may end with (``generation.answer_type``);
+no argument has it."""
+
+ANSWER_SOURCES = ("free", "structural")
+"""``generation.answer_type``: ``free``, any answer type; ``structural``, those of the structural
+view's cases (``case_answer_types``)."""
+
+
+def case_answer_types(cases: Iterable[Case]) -> tuple[str, ...]:
+    """The answer types the programs of the structural view's cases end with, in case order
+    (empty when no case of the view is given)."""
+    found = []
+    for case in cases:
+        program = case.question.program
+        spec = get_spec(program.steps[-1].function) if program is not None and program.steps else None
+        if "structural" in case.views and spec is not None and spec.output in ANSWER_TYPES:
+            found.append(spec.output)
+    return tuple(dict.fromkeys(found))
+
+
+def _becomes(output: str) -> frozenset[str]:
+    """The types a value of type ``output`` can become through one-input calls (itself included)."""
+    seen, todo = {output}, [output]
+    while todo:
+        have = todo.pop()
+        for spec in FUNCTIONS.values():
+            if spec.arity == 1 and accepts(spec.inputs[0], have) and spec.output not in seen:
+                seen.add(spec.output)
+                todo.append(spec.output)
+    return frozenset(seen)
+
+
+def live_functions(answers: Iterable[str]) -> frozenset[str]:
+    """Names (aliases included) of the functions a program ending with one of ``answers`` may
+    still call: those whose result is a set of entities or facts (a later call or join can turn
+    it into anything) or can become one of ``answers``."""
+    allowed = set(answers)
+    live = {name for name, spec in FUNCTIONS.items()
+            if spec.output in ENTITY_TYPES or _becomes(spec.output) & allowed}
+    return frozenset(live | {alias for alias, name in ALIASES.items() if name in live})
 
 
 class Reach:
@@ -248,6 +306,13 @@ def next_kind(text: str) -> str | None:
 
 _COMPLETE_CALL = re.compile(r"([A-Za-z]+)\[[^\[\]]*\]")
 
+_AFTER_CALL = re.compile(r"([A-Za-z]+)\[[^\[\]]*\]([^\[\]]*)$")
+"""The last complete call of a text and what follows it."""
+
+_NAME_AT_END = re.compile(r"(?:^|[ \n])([A-Z][A-Za-z]*)(\[[^\[\]]*\]?)?$")
+"""A function name (or its start) a text ends with, and its bracket if opened (a token may also
+write the arguments and close it)."""
+
 
 def relate_hop(text: str) -> int | None:
     """The hop of a ``Relate`` that starts where ``text`` ends, on a branch from ``Find``: 1 plus
@@ -342,13 +407,17 @@ class GroundedMask:
         table: The vocabulary's ``TokenTable``.
         candidates: ``slot_candidates`` of the question.
         detokenize: Token ids → text (the generated part so far).
+        fmt: The program form (``dag`` or ``chain``): what separates one call from the next.
     """
 
-    def __init__(self, table: TokenTable, candidates: dict[str, Sequence[str]], detokenize: Any):
+    def __init__(self, table: TokenTable, candidates: dict[str, Sequence[str]], detokenize: Any, fmt: str = "dag"):
         import numpy as np
 
         self.table, self.candidates, self.detokenize = table, candidates, detokenize
         self._openers = np.asarray(table.openers, dtype=np.int64)
+        self.answers = frozenset(candidates.get(ANSWER, ()))
+        self._live = live_functions(self.answers)
+        self._sep = f" {ARROW} " if fmt == "dag" else "\n"
 
     def __call__(self, generated: Sequence[int], scores: Any) -> Any:
         # The last call is never far back; a bounded tail keeps each step's cost flat. Only a
@@ -365,7 +434,49 @@ class GroundedMask:
         slot = current_slot(text)
         if slot is not None and slot[0] in self.candidates:
             return self._keep(scores, self.table.allowed(slot[1], self.candidates[slot[0]]))
-        return self._block_openers(text, head, scores)
+        scores = self._block_openers(text, head, scores)
+        return self._gate_answer(text, scores) if self.answers else scores
+
+    def _gate_answer(self, text: str, scores: Any) -> Any:
+        """The answer-type layer (``ANSWER``): after a call whose result is an answer the question
+        does not ask for, only the separator to a next call may follow (no end of the program);
+        where a function name is being written, only names that can still lead to an allowed
+        answer (``live_functions``). Each keeps the grammar's choice when nothing it allows is left."""
+        import numpy as np
+
+        if _CALL.search(text):  # inside an argument
+            return scores
+        finite = np.flatnonzero(np.isfinite(scores))
+        done = _AFTER_CALL.search(text)
+        if done is not None and self._sep.startswith(done.group(2)):
+            spec = get_spec(done.group(1))
+            if spec is not None and spec.output in ANSWER_TYPES and spec.output not in self.answers:
+                gap = done.group(2)
+                return self._keep(scores, [i for i in finite if self.table.texts[i] and self._goes_on(gap + self.table.texts[i])])
+        dead = [i for i in finite if self._dead(text, self.table.texts[i] or "")]
+        if 0 < len(dead) < len(finite):
+            scores[dead] = -np.inf
+        return scores
+
+    def _goes_on(self, gap: str) -> bool:
+        """Whether ``gap``, written after a complete call, is (on the way to) the separator of a next
+        call, and not the end of the program (the chain form's blank line)."""
+        if len(gap) <= len(self._sep):
+            return self._sep.startswith(gap)
+        return gap.startswith(self._sep) and not gap[len(self._sep):].startswith("\n")
+
+    def _dead(self, text: str, token: str) -> bool:
+        """Whether ``token``, written after ``text``, writes (part of) a function name whose every
+        completion cannot lead to an allowed answer."""
+        if not token:
+            return False
+        written = _NAME_AT_END.search(text + token)  # outside an argument, only a name can end there
+        if written is None:
+            return False
+        name = written.group(1)
+        if written.group(2):  # the bracket is open: the name is whole
+            return get_spec(name) is not None and name not in self._live
+        return not any(live.startswith(name) for live in self._live)
 
     def _relate_bracket(self, text: str, head: str) -> tuple[str, str] | None:
         """``(candidate kind, text so far)`` of a ``Relate`` bracket that ``text`` (after ``head``,

@@ -280,7 +280,7 @@ class LlamaCppBackend:
         if prompt.grounding:
             from cbr2.generation.grounded import GroundedMask
 
-            grounded = GroundedMask(self._token_table(), dict(prompt.grounding), self._detokenize)
+            grounded = GroundedMask(self._token_table(), dict(prompt.grounding), self._detokenize, self.grammar.fmt)
         return LogitsProcessorList([_GrammarMask(self._compiled, n_prompt, llm.n_vocab(), grounded, track)])
 
     def _detokenize(self, ids: Sequence[int]) -> str:
