@@ -144,3 +144,24 @@ def test_prompts_carry_the_answer_types_only_when_asked_and_never_from_the_gold_
     semantic = {question.qid: dataclasses.replace(retrieved[question.qid], cases=cases[1:], case_knowledge=[Knowledge()])}
     (none,) = build_prompts(on.prompt, on.generation, [question], semantic)
     assert ANSWER not in dict(none.grounding)
+
+
+@pytest.mark.parametrize(("fmt", "before", "answers", "kept"), [
+    # After a join head only a two-input call may come: "Select" can only become SelectBetween.
+    ("dag", "r1: FindAll[]\nr2: FindAll[]\nr3: (r1, r2) → ", ("names",), False),
+    ("dag", "r1: FindAll[]\nr2: FindAll[]\nr3: (r1, r2) → ", ("name",), True),
+    # After a call only a one-input call: SelectAmong.
+    ("dag", "r1: FindAll[] → ", ("names",), True),
+    ("dag", "r1: FindAll[] → ", ("name",), False),
+    # The chain form counts the open branches: with two, both may come.
+    ("chain", "FindAll[]\n", ("name",), False),
+    ("chain", "FindAll[]\nFindAll[]\n", ("name",), True),
+    ("chain", "FindAll[]\nFindAll[]\n", ("names",), True),
+])
+def test_a_name_is_judged_by_the_calls_its_place_takes(fmt, before, answers, kept):
+    chars = [before, "Select", "(", None]  # "(": no name, so the layer has a token left either way
+    table = TokenTable(chars)
+    mask = GroundedMask(table, {ANSWER: answers}, lambda got: "".join(chars[i] for i in got), fmt)
+    out = mask([0], np.zeros(len(chars)))
+    assert np.isfinite(out[1]) == kept
+    assert np.isfinite(out[2])

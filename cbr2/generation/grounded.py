@@ -313,6 +313,13 @@ _NAME_AT_END = re.compile(r"(?:^|[ \n])([A-Z][A-Za-z]*)(\[[^\[\]]*\]?)?$")
 """A function name (or its start) a text ends with, and its bracket if opened (a token may also
 write the arguments and close it)."""
 
+_NAME_REACH = 40
+"""Characters of generated text that can hold the start of the function name being written."""
+
+_DAG_HEAD = re.compile(r"r\d+: ")
+_DAG_JOIN = re.compile(r"r\d+: \(r\d+, r\d+\) \S+ ")
+"""A DAG line's label, and its label and join head, before the line's first call."""
+
 
 def relate_hop(text: str) -> int | None:
     """The hop of a ``Relate`` that starts where ``text`` ends, on a branch from ``Find``: 1 plus
@@ -416,7 +423,9 @@ class GroundedMask:
         self.table, self.candidates, self.detokenize = table, candidates, detokenize
         self._openers = np.asarray(table.openers, dtype=np.int64)
         self.answers = frozenset(candidates.get(ANSWER, ()))
-        self._live = live_functions(self.answers)
+        live = live_functions(self.answers)
+        self._live = {arity: frozenset(n for n in live if get_spec(n).arity == arity) for arity in (0, 1, 2)}
+        self._fmt = fmt
         self._sep = f" {ARROW} " if fmt == "dag" else "\n"
 
     def __call__(self, generated: Sequence[int], scores: Any) -> Any:
@@ -435,7 +444,7 @@ class GroundedMask:
         if slot is not None and slot[0] in self.candidates:
             return self._keep(scores, self.table.allowed(slot[1], self.candidates[slot[0]]))
         scores = self._block_openers(text, head, scores)
-        return self._gate_answer(text, scores) if self.answers else scores
+        return self._gate_answer(head + text, scores) if self.answers else scores
 
     def _gate_answer(self, text: str, scores: Any) -> Any:
         """The answer-type layer (``ANSWER``): after a call whose result is an answer the question
@@ -453,7 +462,8 @@ class GroundedMask:
             if spec is not None and spec.output in ANSWER_TYPES and spec.output not in self.answers:
                 gap = done.group(2)
                 return self._keep(scores, [i for i in finite if self.table.texts[i] and self._goes_on(gap + self.table.texts[i])])
-        dead = [i for i in finite if self._dead(text, self.table.texts[i] or "")]
+        arities: dict[str, tuple[int, ...]] = {}
+        dead = [i for i in finite if self._dead(text, self.table.texts[i] or "", arities)]
         if 0 < len(dead) < len(finite):
             scores[dead] = -np.inf
         return scores
@@ -465,18 +475,40 @@ class GroundedMask:
             return self._sep.startswith(gap)
         return gap.startswith(self._sep) and not gap[len(self._sep):].startswith("\n")
 
-    def _dead(self, text: str, token: str) -> bool:
+    def _dead(self, text: str, token: str, arities: dict[str, tuple[int, ...]]) -> bool:
         """Whether ``token``, written after ``text``, writes (part of) a function name whose every
-        completion cannot lead to an allowed answer."""
+        completion of the arity the place takes cannot lead to an allowed answer (``arities``: the
+        places' arities computed so far this step)."""
         if not token:
             return False
-        written = _NAME_AT_END.search(text + token)  # outside an argument, only a name can end there
+        tail = text[-_NAME_REACH:]  # a name and the separator before it; an argument ended the search earlier
+        written = _NAME_AT_END.search(tail + token)  # outside an argument, only a name can end there
         if written is None:
             return False
         name = written.group(1)
+        before = text[:len(text) - len(tail)] + (tail + token)[:written.start(1)]
+        if before not in arities:
+            arities[before] = self._arities(before)
+        live = frozenset().union(*(self._live[a] for a in arities[before]))
         if written.group(2):  # the bracket is open: the name is whole
-            return get_spec(name) is not None and name not in self._live
-        return not any(live.startswith(name) for live in self._live)
+            return get_spec(name) is not None and name not in live
+        return not any(n.startswith(name) for n in live)
+
+    def _arities(self, before: str) -> tuple[int, ...]:
+        """The arities a call written after ``before`` may have. The DAG form says it by place: a
+        line's first call starts a branch, the first after its ``(rA, rB) →`` head joins two, any
+        other takes one. The chain form (post-order) says it by the branches still open."""
+        if self._fmt == "dag":
+            line = before.rpartition("\n")[2]
+            if _DAG_HEAD.fullmatch(line):
+                return (0,)
+            return (2,) if _DAG_JOIN.fullmatch(line) else (1,)
+        open_branches = 0
+        for call in _COMPLETE_CALL.finditer(before):
+            spec = get_spec(call.group(1))
+            arity = spec.arity if spec is not None else 1
+            open_branches += 1 if arity == 0 else -1 if arity == 2 else 0
+        return (0, *((1,) if open_branches >= 1 else ()), *((2,) if open_branches >= 2 else ()))
 
     def _relate_bracket(self, text: str, head: str) -> tuple[str, str] | None:
         """``(candidate kind, text so far)`` of a ``Relate`` bracket that ``text`` (after ``head``,
