@@ -28,8 +28,9 @@ def _prose(text: str) -> str:
 
 
 def _slug(heading: str) -> str:
-    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", lambda m: m.group(1) or "", heading.strip().lower())
+    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to hyphens
+    (an underscore inside a word, as in a config key, stays; one that marks emphasis goes)."""
+    text = re.sub(r"[`*]|(?<!\w)_|_(?!\w)|\[([^\]]*)\]\([^)]*\)", lambda m: m.group(1) or "", heading.strip().lower())
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 

@@ -179,13 +179,14 @@ class GenerationConfig:
     Without it such a question's ``Find`` is left to the grammar, and a small model fills it with
     an entity of a case or of the knowledge. Acts where ``grounded`` acts. Chosen on validation
     (docs/results/cpu-default.md, "No Find without a linked entity")."""
-    answer_type: AnswerType = "free"
+    answer_type: AnswerType = "structural"
     """With grounded decoding, what the program may end with: ``free``, any answer the grammar
     allows; ``structural``, one of the answer types (count, bool, an attribute's values, names ...)
     that the programs of the structural view's cases end with (``cbr2.generation.grounded``,
     ``case_answer_types``). The structural retriever ranks the pool by program likeness from the
     question text, so its cases say what kind of answer is asked for; no gold program is read.
-    Acts where ``grounded`` acts and the prompt has structural cases (``retrieval.cases``)."""
+    Acts where ``grounded`` acts and the prompt has structural cases (``retrieval.cases``). Chosen
+    on validation (docs/results/cpu-default.md, "The answer type of the structural cases")."""
     candidates: int = bounded(1, 1, 16)
     """Execution-guided choice under the grammar (the ``llamacpp`` and ``vllm`` backends): when the
     greedy program does not parse, type-check or execute to a non-empty answer, up to
