@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 from test_grounded_grammar import xgrammar_accepts
+from test_narrow_by_hop import mask_accepts
 
 from cbr2.config import Config
 from cbr2.data.benchmarks import Benchmark
@@ -54,22 +55,6 @@ def test_only_functions_that_can_still_end_as_asked_stay_open():
     assert "QueryAttr" in live_functions(["values"]) and "VerifyNum" not in live_functions(["values"])
 
 
-def _mask_accepts(candidates, fmt):
-    """Whether the token layer lets a whole text be written one character at a time and then end
-    (a vocabulary of single characters and an end token, every token allowed by the grammar)."""
-    chars = [chr(c) for c in range(32, 127)] + ["\n", "→", None]
-    table = TokenTable(chars)
-    index = {c: i for i, c in enumerate(chars)}
-    end = len(chars) - 1
-
-    def accepts(text: str) -> bool:
-        ids = [index[c] for c in text] + [end]
-        mask = GroundedMask(table, candidates, lambda got: "".join(chars[i] for i in got), fmt)
-        return all(np.isfinite(mask(ids[:i], np.zeros(table.size))[ids[i]]) for i in range(len(ids)))
-
-    return accepts
-
-
 @pytest.mark.parametrize("fmt", ["dag", "chain"])
 @pytest.mark.parametrize(("answers", "expected"), [
     (("count",), {"count"}),
@@ -100,7 +85,7 @@ def test_both_engines_end_the_program_as_the_cases_do(kqapro, fmt, answers, expe
                else f"Find[{entity}]\nFindAll[]\nSelectBetween[{quantity} | greater]")
     texts["between"] = between
     xgr = xgrammar_accepts(grammar.grounded_ebnf(cands))
-    mask = _mask_accepts(cands, fmt)
+    mask = mask_accepts(cands, fmt, ends=True)
     for key, text in texts.items():
         assert grammar.accepts(text), text
         assert xgr(text) == mask(text) == (key in expected), (key, text)

@@ -61,16 +61,18 @@ def test_predictions_record_the_kind_each_relate_was_narrowed_by():
     assert [a["kind"] for a in grounded_arguments(joined, cands)] == ["entity", "entity"]
 
 
-def _mask_accepts(candidates):
+def mask_accepts(candidates, fmt="dag", ends=False):
     """Whether the token layer lets a text be written one character at a time (a vocabulary of
-    single characters: every text can be spelt, and the layer decides at every character)."""
-    chars = [chr(c) for c in range(32, 127)] + ["\n", "→"]
+    single characters: every text can be spelt, and the layer decides at every character), and
+    with ``ends`` then end (an end token, as the model's end of text), every token allowed by the
+    grammar."""
+    chars = [chr(c) for c in range(32, 127)] + ["\n", "→", None]
     table = TokenTable(chars)
     index = {c: i for i, c in enumerate(chars)}
 
     def accepts(text: str) -> bool:
-        ids = [index[c] for c in text]
-        mask = GroundedMask(table, candidates, lambda got: "".join(chars[i] for i in got))
+        ids = [index[c] for c in text] + ([len(chars) - 1] if ends else [])
+        mask = GroundedMask(table, candidates, lambda got: "".join(chars[i] for i in got), fmt)
         return all(np.isfinite(mask(ids[:i], np.zeros(table.size))[ids[i]]) for i in range(len(ids)))
 
     return accepts
@@ -92,7 +94,7 @@ def test_both_engines_narrow_each_hop_the_same_way(metaqa, fmt):
     assert first and second != first
     assert RELATE not in cands  # mini-metaqa: the whole KB is within 3 hops
     xgr = xgrammar_accepts(grammar.grounded_ebnf(cands))
-    mask = _mask_accepts(cands)
+    mask = mask_accepts(cands, fmt)
     pairs = sorted(f"{r} | {d}" for r in kb.vocabulary.relations for d in ("forward", "backward"))
     next(e["name"] for e in kb.entities.values() if e["name"] != name)
     sep = " → " if fmt == "dag" else "\n"

@@ -49,7 +49,7 @@ from cbr2.generation.grounded import ANSWER, RELATE, hop_kind, relate_hops
 from cbr2.kb.model import Vocabulary
 from cbr2.kopl.functions import ALIASES, ANSWER_TYPES, CLOSED_KINDS, ENTITY_TYPES, FUNCTIONS, FunctionSpec, accepts
 from cbr2.kopl.grounding import SLOT_KINDS, slot_items
-from cbr2.kopl.text import ARROW, FORMATS, escape_arg
+from cbr2.kopl.text import ARROW, CALL_SEPARATORS, FORMATS, escape_arg
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +315,7 @@ class ProgramGrammar:
                 rules[f"g_relate_h{hop}"] = " | ".join(_lit(p) for p in pairs)
                 rules[f"f_Relate_h{hop}"] = f'{_head("Relate")} "[" g_relate_h{hop} "]"'
                 relate[hop] = f"f_Relate_h{hop}"
-        sep = _lit(f" {ARROW} " if self.fmt == "dag" else "\n")
+        sep = _lit(CALL_SEPARATORS[self.fmt])
 
         def tail(start: str, end: str, calls: int, depth: int) -> str | None:
             plain = self._memo.get(("tail", start, end, calls))
@@ -397,7 +397,7 @@ class ProgramGrammar:
         key = ("tail", start, end, calls)
         if key in self._memo:
             return self._memo[key]
-        sep = f" {ARROW} " if self.fmt == "dag" else "\n"
+        sep = CALL_SEPARATORS[self.fmt]
         done = start in ANSWER_TYPES if end == "answer" else start == end
         alternatives = [('""', 0)] if done else []
         if calls > 0:

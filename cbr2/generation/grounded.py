@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 from cbr2.kb.model import KB
 from cbr2.kopl.functions import ALIASES, ANSWER_TYPES, ENTITY_TYPES, FUNCTIONS, accepts, get_spec
 from cbr2.kopl.program import Program
-from cbr2.kopl.text import ARROW
+from cbr2.kopl.text import CALL_SEPARATORS
 from cbr2.retrieval.linking import Links, question_spans
 
 if TYPE_CHECKING:
@@ -136,9 +136,10 @@ def case_answer_types(cases: Iterable[Case]) -> tuple[str, ...]:
     found = []
     for case in cases:
         program = case.question.program
-        spec = get_spec(program.steps[-1].function) if program is not None and program.steps else None
-        if "structural" in case.views and spec is not None and spec.output in ANSWER_TYPES:
-            found.append(spec.output)
+        if "structural" in case.views and program is not None and program.steps:
+            spec = get_spec(program.final_function())
+            if spec is not None and spec.output in ANSWER_TYPES:
+                found.append(spec.output)
     return tuple(dict.fromkeys(found))
 
 
@@ -426,7 +427,7 @@ class GroundedMask:
         live = live_functions(self.answers)
         self._live = {arity: frozenset(n for n in live if get_spec(n).arity == arity) for arity in (0, 1, 2)}
         self._fmt = fmt
-        self._sep = f" {ARROW} " if fmt == "dag" else "\n"
+        self._sep = CALL_SEPARATORS[fmt]
 
     def __call__(self, generated: Sequence[int], scores: Any) -> Any:
         # The last call is never far back; a bounded tail keeps each step's cost flat. Only a

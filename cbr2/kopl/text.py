@@ -28,6 +28,8 @@ from cbr2.kopl.program import SYNTAX, TYPE, Program, ProgramError, Step
 
 ARROW = "→"
 FORMATS = ("dag", "chain")
+CALL_SEPARATORS = {"dag": f" {ARROW} ", "chain": "\n"}
+"""What each program form writes between a call and the next one-input call of its branch."""
 
 # Bounds on what is parsed. Generated text can be anything, and every stage after the parser
 # is linear in the program, so capping the input bounds the time and the size of the whole
