@@ -179,6 +179,13 @@ class GenerationConfig:
     Without it such a question's ``Find`` is left to the grammar, and a small model fills it with
     an entity of a case or of the knowledge. Acts where ``grounded`` acts. Chosen on validation
     (docs/results/cpu-default.md, "No Find without a linked entity")."""
+    literal_needs_mention: bool = False
+    """With grounded decoding, a question in which linking read no literal value (no quantity, year
+    or date) gets no call that takes one: no ``FilterNum``, ``VerifyYear``, ``QFilterDate`` ...
+    (``cbr2.generation.grounded.slot_candidates``). A program's values come from its question; without
+    it such a question's value slots are left to the grammar, and a small model fills them with a
+    value of a case or of the question's own facts (``QueryAttr[population] → VerifyNum[44000000 |
+    !=]`` for "What is the population of Oceania?"). Acts where ``grounded`` acts."""
     answer_type: AnswerType = "structural"
     """With grounded decoding, what the program may end with: ``free``, any answer the grammar
     allows; ``structural``, one of the answer types (count, bool, an attribute's values, names ...)

@@ -109,7 +109,8 @@ def build_prompts(prompt: DictConfig, generation: DictConfig, questions: Sequenc
         item = retrieved.get(q.qid, empty)
         grounding = ()
         if ground and item.links is not None:
-            found = slot_candidates(item.links, q.question, generation.find_needs_link)
+            found = slot_candidates(item.links, q.question, generation.find_needs_link,
+                                    generation.literal_needs_mention)
             if reach is not None:
                 found.update(reach.candidates(item.links))
             if generation.answer_type == "structural" and (answers := case_answer_types(item.cases)):

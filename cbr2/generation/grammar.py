@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from cbr2.config import GenerationConfig
-from cbr2.generation.grounded import ANSWER, RELATE, hop_kind, relate_hops
+from cbr2.generation.grounded import ANSWER, RELATE, closed_functions, hop_kind, relate_hops
 from cbr2.kb.model import Vocabulary
 from cbr2.kopl.functions import ALIASES, ANSWER_TYPES, CLOSED_KINDS, ENTITY_TYPES, FUNCTIONS, FunctionSpec, accepts
 from cbr2.kopl.grounding import SLOT_KINDS, slot_items
@@ -111,6 +111,7 @@ class ProgramGrammar:
         fmt: ``dag`` or ``chain``.
         bounds: Size limits.
         cache_dir: Root of the compiled-grammar cache (``retrieval.cache_dir`` semantics).
+        without: Names of functions the grammar leaves out (``grounded_ebnf``'s closed kinds).
 
     Attributes:
         ebnf: The grammar text (xgrammar's EBNF dialect, which vLLM's ``grammar`` takes too).
@@ -120,8 +121,9 @@ class ProgramGrammar:
     """
 
     def __init__(self, vocab: Vocabulary, fmt: str = "dag", bounds: Bounds = Bounds(),
-                 cache_dir: str | None = None):
-        self.cache_dir = cache_dir
+                 cache_dir: str | None = None, without: frozenset[str] = frozenset()):
+        self.cache_dir, self._vocab = cache_dir, vocab
+        self._variants: dict[frozenset[str], ProgramGrammar] = {}
         if fmt not in FORMATS:
             raise ValueError(f"unknown program format {fmt!r}; expected one of {', '.join(FORMATS)}")
         self.fmt, self.bounds = fmt, bounds
@@ -129,7 +131,8 @@ class ProgramGrammar:
         self._valid: dict[str, Callable[[str], bool]] = {}
         """Per argument kind, whether an argument text is one its rule derives (``grounded_ebnf``)."""
         self._args = self._argument_rules(vocab)
-        self.functions = [s for s in FUNCTIONS.values() if all(a.kind in self._args for a in s.args)]
+        self.functions = [s for s in FUNCTIONS.values()
+                          if s.name not in without and all(a.kind in self._args for a in s.args)]
         self._memo: dict[tuple, str | None] = {}
         self._root()
         self.ebnf = "\n".join(f"{name} ::= {body}" for name, body in self._r.rules.items()) + "\n"
@@ -233,7 +236,9 @@ class ProgramGrammar:
         An argument of a kind with candidates (``cbr2.generation.grounded.slot_candidates``:
         ``Prompt.grounding``) may only be one of those the KB grammar accepts for that kind; a kind
         with none of them valid, or without candidates, keeps the KB grammar's rule; a kind given
-        with an empty list is closed, and no branch starts with a call that takes it. This is the
+        with an empty list is closed: no call that takes it is written (``closed_functions``; the
+        grammar of the other functions, built once per closed set, when one of them is not a
+        branch's start; the start rules less those calls when all are). This is the
         meaning of the ``llamacpp`` backend's token-level layer (``GroundedMask``) as one grammar,
         for engines that take a grammar per request (vLLM's structured outputs). Rules no longer
         reachable (a closed entity list replaced in every call) are left out, so the engine
@@ -249,6 +254,13 @@ class ProgramGrammar:
         Returns:
             The EBNF text; ``ebnf`` itself when no candidate is valid.
         """
+        shut = closed_functions(candidates) & {spec.name for spec in self.functions if spec.arity}
+        if shut:
+            # A call closed after a branch's start sits in every tail rule: the grammar without it.
+            shut = closed_functions(candidates) & set(FUNCTIONS)
+            if shut not in self._variants:
+                self._variants[shut] = ProgramGrammar(self._vocab, self.fmt, self.bounds, self.cache_dir, shut)
+            return self._variants[shut].grounded_ebnf(candidates)
         root = self._answer_root(candidates.get(ANSWER, ()))
         rules = dict(self._r.rules)
         if root is not None:
@@ -268,7 +280,7 @@ class ProgramGrammar:
         closed = {f"f_{spec.name}" for spec in self.functions
                   if any(not candidates[a.kind] for a in spec.args if a.kind in candidates and a.kind in args)}
         if closed:
-            # A closed kind (``slot_candidates``: no entity linked): no call taking it may start a branch.
+            # A closed kind of start calls only (``slot_candidates``: no entity linked): no branch starts with them.
             for out in self._types:  # the start rules as _subtree builds them, less the closed calls
                 kept = [call for call in self._calls(0, None, out) if call not in closed]
                 if f"start_{out}" in rules and kept:

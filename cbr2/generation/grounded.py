@@ -11,8 +11,10 @@ together with the grammar's mask (the ``llamacpp`` backend):
   argument once a candidate is complete;
 - a kind without candidates is left to the grammar alone (the fallback when linking found
   nothing), and so is a step where no candidate's continuation survives the grammar's mask;
-- a kind present with no candidates is closed: no argument of it may be opened
-  (``generation.find_needs_link``: no ``Find`` in a question that names no KB entity).
+- a kind present with no candidates is closed: no function that takes an argument of it may be
+  written (``generation.find_needs_link``: no ``Find`` in a question that names no KB entity;
+  ``generation.literal_needs_mention``: no ``FilterNum``, ``VerifyYear`` ... in a question that
+  mentions no value).
 
 Candidates per kind (``slot_candidates``): ``entity`` the linked entities (``Find``); ``quantity``,
 ``year`` and ``date`` the values linking read off the question (a date slot also takes its
@@ -79,11 +81,20 @@ MAX_TOKEN_CHARS = 24
 """Longest token text looked up when extending a candidate (longer tokens are rare in names)."""
 
 
-def slot_candidates(links: Links, question: str, find_needs_link: bool = False) -> dict[str, tuple[str, ...]]:
+LITERAL_KINDS = ("quantity", "year", "date")
+"""The kinds of literal values a question mentions (``generation.literal_needs_mention``)."""
+
+
+def slot_candidates(links: Links, question: str, find_needs_link: bool = False,
+                    literal_needs_mention: bool = False) -> dict[str, tuple[str, ...]]:
     """The candidates of each grounded kind for one question; kinds without any are left out.
 
     With ``find_needs_link`` (``generation.find_needs_link``) a question without linked entities
-    keeps ``entity`` with no candidates: a closed kind, so no ``Find`` may be written."""
+    keeps ``entity`` with no candidates: a closed kind, so no ``Find`` may be written. With
+    ``literal_needs_mention`` (``generation.literal_needs_mention``) a question in which linking
+    read no value at all keeps ``quantity``, ``year`` and ``date`` closed the same way. A question
+    with some value leaves a kind it has none of to the grammar, as without the switch: a number
+    the linker read as a year may be a quantity."""
     values = links.values
     spans = tuple(question_spans(question))
     found = {
@@ -98,6 +109,8 @@ def slot_candidates(links: Links, question: str, find_needs_link: bool = False) 
     kept = {kind: items for kind, items in found.items() if items}
     if find_needs_link and not links.entities:
         kept["entity"] = ()
+    if literal_needs_mention and not any(kind in kept for kind in LITERAL_KINDS):
+        kept.update({kind: () for kind in LITERAL_KINDS})
     return kept
 
 
@@ -143,25 +156,36 @@ def case_answer_types(cases: Iterable[Case]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def _becomes(output: str) -> frozenset[str]:
-    """The types a value of type ``output`` can become through one-input calls (itself included)."""
+def closed_functions(candidates: Mapping[str, Sequence[str]]) -> frozenset[str]:
+    """Names of the functions that take an argument of a closed kind (one given with no
+    candidates): no program of the question may call them."""
+    closed = {kind for kind, items in candidates.items() if kind in GROUNDED_KINDS and not items}
+    return frozenset(name for name, spec in FUNCTIONS.items() if any(a.kind in closed for a in spec.args))
+
+
+def _becomes(output: str, without: frozenset[str] = frozenset()) -> frozenset[str]:
+    """The types a value of type ``output`` can become through one-input calls (itself included)
+    other than those named in ``without``."""
     seen, todo = {output}, [output]
     while todo:
         have = todo.pop()
-        for spec in FUNCTIONS.values():
+        for name, spec in FUNCTIONS.items():
+            if name in without:
+                continue
             if spec.arity == 1 and accepts(spec.inputs[0], have) and spec.output not in seen:
                 seen.add(spec.output)
                 todo.append(spec.output)
     return frozenset(seen)
 
 
-def live_functions(answers: Iterable[str]) -> frozenset[str]:
+def live_functions(answers: Iterable[str], without: frozenset[str] = frozenset()) -> frozenset[str]:
     """Names (aliases included) of the functions a program ending with one of ``answers`` may
     still call: those whose result is a set of entities or facts (a later call or join can turn
-    it into anything) or can become one of ``answers``."""
+    it into anything) or can become one of ``answers``, with none of the functions named in
+    ``without`` (``closed_functions``) called anywhere."""
     allowed = set(answers)
-    live = {name for name, spec in FUNCTIONS.items()
-            if spec.output in ENTITY_TYPES or _becomes(spec.output) & allowed}
+    live = {name for name, spec in FUNCTIONS.items() if name not in without
+            and (spec.output in ENTITY_TYPES or _becomes(spec.output, without) & allowed)}
     return frozenset(live | {alias for alias, name in ALIASES.items() if name in live})
 
 
@@ -424,7 +448,9 @@ class GroundedMask:
         self.table, self.candidates, self.detokenize = table, candidates, detokenize
         self._openers = np.asarray(table.openers, dtype=np.int64)
         self.answers = frozenset(candidates.get(ANSWER, ()))
-        live = live_functions(self.answers)
+        closed = closed_functions(candidates)
+        self._gated = bool(self.answers or closed)
+        live = live_functions(self.answers or ANSWER_TYPES, closed)
         self._live = {arity: frozenset(n for n in live if get_spec(n).arity == arity) for arity in (0, 1, 2)}
         self._fmt = fmt
         self._sep = CALL_SEPARATORS[fmt]
@@ -445,19 +471,21 @@ class GroundedMask:
         if slot is not None and slot[0] in self.candidates:
             return self._keep(scores, self.table.allowed(slot[1], self.candidates[slot[0]]))
         scores = self._block_openers(text, head, scores)
-        return self._gate_answer(head + text, scores) if self.answers else scores
+        return self._gate_names(head + text, scores) if self._gated else scores
 
-    def _gate_answer(self, text: str, scores: Any) -> Any:
-        """The answer-type layer (``ANSWER``): after a call whose result is an answer the question
-        does not ask for, only the separator to a next call may follow (no end of the program);
-        where a function name is being written, only names that can still lead to an allowed
-        answer (``live_functions``). Each keeps the grammar's choice when nothing it allows is left."""
+    def _gate_names(self, text: str, scores: Any) -> Any:
+        """The layer over function names, for the answer type (``ANSWER``) and closed kinds
+        (``closed_functions``): after a call whose result is an answer the question does not ask
+        for, only the separator to a next call may follow (no end of the program); where a function
+        name is being written, only names that take no argument of a closed kind and can still lead
+        to an allowed answer (``live_functions``). Each keeps the grammar's choice when nothing it
+        allows is left."""
         import numpy as np
 
         if _CALL.search(text):  # inside an argument
             return scores
         finite = np.flatnonzero(np.isfinite(scores))
-        done = _AFTER_CALL.search(text)
+        done = _AFTER_CALL.search(text) if self.answers else None
         if done is not None and self._sep.startswith(done.group(2)):
             spec = get_spec(done.group(1))
             if spec is not None and spec.output in ANSWER_TYPES and spec.output not in self.answers:

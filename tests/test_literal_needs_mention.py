@@ -1,0 +1,91 @@
+"""``generation.literal_needs_mention``: a question in which linking read no value gets no call that
+takes one, with the same meaning on both engines (the token layer of ``llamacpp`` and the
+per-request grammar of ``vllm``/``openai``)."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+from test_grounded_grammar import xgrammar_accepts
+from test_narrow_by_hop import mask_accepts
+
+from cbr2.config import Config
+from cbr2.data.benchmarks import Benchmark
+from cbr2.evaluation.runner import build_prompts
+from cbr2.generation.grammar import ProgramGrammar
+from cbr2.generation.grounded import ANSWER, LITERAL_KINDS, closed_functions, live_functions, slot_candidates
+from cbr2.retrieval.cases import Query
+from cbr2.retrieval.knowledge import Knowledge
+from cbr2.retrieval.linking import Links
+from cbr2.retrieval.retriever import Retrieved
+
+
+def test_literal_kinds_are_closed_only_when_asked_and_no_value_is_read():
+    none = Links(("Oceania",), (), {})
+    question = "What is the population of Oceania?"
+    assert not set(LITERAL_KINDS) & set(slot_candidates(none, question))  # left to the grammar
+    closed = slot_candidates(none, question, literal_needs_mention=True)
+    assert all(closed[kind] == () for kind in LITERAL_KINDS) and closed["entity"] == ("Oceania",)
+    # One value read: the kinds it has none of stay with the grammar (a year may be a quantity).
+    year = slot_candidates(Links((), ("rock band",), {"year": ("1970",)}),
+                           "How many rock bands whose inception is in 1970 are there?", literal_needs_mention=True)
+    assert year["year"] == ("1970",) and "quantity" not in year
+
+
+def test_the_closed_functions_are_those_taking_a_closed_kind():
+    shut = closed_functions({kind: () for kind in LITERAL_KINDS})
+    assert {"FilterNum", "FilterYear", "FilterDate", "QFilterNum", "VerifyNum", "VerifyYear", "VerifyDate"} <= shut
+    assert not {"FilterStr", "VerifyStr", "QueryAttr", "QueryAttrUnderCondition", "Find"} & shut
+    assert closed_functions({"quantity": ("5",), "entity": ()}) == {"Find"}
+    assert closed_functions({ANSWER: ()}) == frozenset()  # not an argument's kind
+    assert "VerifyNum" not in live_functions(("bool",), shut) and "VerifyStr" in live_functions(("bool",), shut)
+
+
+@pytest.fixture(scope="module")
+def kqapro():
+    return Benchmark("mini-kqapro")
+
+
+@pytest.mark.parametrize("fmt", ["dag", "chain"])
+@pytest.mark.parametrize("answers", [(), ("bool", "values")])
+def test_both_engines_write_no_value_the_question_does_not_mention(kqapro, fmt, answers):
+    vocab = kqapro.kb.vocabulary
+    grammar = ProgramGrammar(vocab, fmt)
+    entity = min(vocab.names)
+    quantity = min(k for k, kind in vocab.keys.items() if kind == "quantity")
+    string = min(k for k, kind in vocab.keys.items() if kind == "string")
+    concept = min(vocab.concepts)
+    open_ = {"entity": (entity,), **({ANSWER: answers} if answers else {})}
+    shut = {**open_, **{kind: () for kind in LITERAL_KINDS}}
+    sep = " → " if fmt == "dag" else "\n"
+    label = "r1: " if fmt == "dag" else ""
+    texts = {  # name → (program, written with every kind closed)
+        "attr": (f"Find[{entity}]{sep}QueryAttr[{quantity}]", True),
+        "verify str": (f"Find[{entity}]{sep}QueryAttr[{string}]{sep}VerifyStr[x]", True),
+        "verify num": (f"Find[{entity}]{sep}QueryAttr[{quantity}]{sep}VerifyNum[5 | =]", False),
+        "filter num": (f"FindAll[]{sep}FilterNum[{quantity} | 5 | =]{sep}FilterConcept[{concept}]{sep}"
+                       f"QueryAttr[{quantity}]", False),
+        "filter year": (f"Find[{entity}]{sep}FilterYear[{quantity} | 1970 | =]{sep}QueryAttr[{quantity}]", False),
+    }
+    for key, (text, kept) in texts.items():
+        text = label + text
+        assert grammar.accepts(text), text
+        for cands, expected in ((open_, True), (shut, kept)):
+            xgr = xgrammar_accepts(grammar.grounded_ebnf(cands))
+            mask = mask_accepts(cands, fmt, ends=True)
+            assert xgr(text) == mask(text) == expected, (key, cands, text)
+
+
+def test_prompts_carry_the_closed_kinds_only_when_asked(kqapro):
+    on = OmegaConf.merge(OmegaConf.structured(Config), {"generation": {"literal_needs_mention": True}})
+    question = next(q for q in kqapro.questions("val") if q.question == q.question)
+    links = Links(("Oceania",), (), {})
+    retrieved = {question.qid: Retrieved(Query(question.qid, question.question), Knowledge(), [], links=links)}
+    (closed,) = build_prompts(on.prompt, on.generation, [question], retrieved)
+    assert all(dict(closed.grounding)[kind] == () for kind in LITERAL_KINDS)
+    off = OmegaConf.merge(on, {"generation": {"literal_needs_mention": False}})
+    (plain,) = build_prompts(off.prompt, off.generation, [question], retrieved)
+    assert not set(LITERAL_KINDS) & set(dict(plain.grounding))
+    valued = {question.qid: Retrieved(Query(question.qid, question.question), Knowledge(), [],
+                                      links=Links(("Oceania",), (), {"quantity": ("5",)}))}
+    assert dict(build_prompts(on.prompt, on.generation, [question], valued)[0].grounding)["quantity"] == ("5",)
