@@ -63,8 +63,8 @@ def test_both_engines_write_no_value_the_question_does_not_mention(kqapro, fmt, 
         "attr": (f"Find[{entity}]{sep}QueryAttr[{quantity}]", True),
         "verify str": (f"Find[{entity}]{sep}QueryAttr[{string}]{sep}VerifyStr[x]", True),
         "verify num": (f"Find[{entity}]{sep}QueryAttr[{quantity}]{sep}VerifyNum[5 | =]", False),
-        "filter num": (f"FindAll[]{sep}FilterNum[{quantity} | 5 | =]{sep}FilterConcept[{concept}]{sep}"
-                       f"QueryAttr[{quantity}]", False),
+        "filter num": ((f"FindAll[]{sep}FilterNum[{quantity} | 5 | =]{sep}FilterConcept[{concept}]{sep}"
+                        f"QueryAttr[{quantity}]"), False),
         "filter year": (f"Find[{entity}]{sep}FilterYear[{quantity} | 1970 | =]{sep}QueryAttr[{quantity}]", False),
     }
     for key, (text, kept) in texts.items():
