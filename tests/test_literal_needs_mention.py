@@ -4,6 +4,7 @@ per-request grammar of ``vllm``/``openai``)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 from test_grounded_grammar import xgrammar_accepts
@@ -13,7 +14,15 @@ from cbr2.config import Config
 from cbr2.data.benchmarks import Benchmark
 from cbr2.evaluation.runner import build_prompts
 from cbr2.generation.grammar import ProgramGrammar
-from cbr2.generation.grounded import ANSWER, LITERAL_KINDS, closed_functions, live_functions, slot_candidates
+from cbr2.generation.grounded import (
+    ANSWER,
+    LITERAL_KINDS,
+    GroundedMask,
+    TokenTable,
+    closed_functions,
+    live_functions,
+    slot_candidates,
+)
 from cbr2.retrieval.cases import Query
 from cbr2.retrieval.knowledge import Knowledge
 from cbr2.retrieval.linking import Links
@@ -89,3 +98,40 @@ def test_prompts_carry_the_closed_kinds_only_when_asked(kqapro):
     valued = {question.qid: Retrieved(Query(question.qid, question.question), Knowledge(), [],
                                       links=Links(("Oceania",), (), {"quantity": ("5",)}))}
     assert dict(build_prompts(on.prompt, on.generation, [question], valued)[0].grounding)["quantity"] == ("5",)
+
+
+def test_the_token_layer_never_forbids_every_token_the_grammar_allows():
+    # "What box office does Gladiator have?": no value, so VerifyNum is closed, and the values the
+    # cases end with make every Verify* a dead end. The grammar, after "→ Verify", allows VerifyStr
+    # (open) and VerifyNum (closed): the layer keeps the open one. After "VerifyNum", where the grammar
+    # allows only its bracket, the grammar's choice stays rather than no token at all.
+    chars = [chr(c) for c in range(32, 127)] + ["\n", "→", None]
+    table = TokenTable(chars)
+    candidates = {"entity": ("Gladiator",), **{kind: () for kind in LITERAL_KINDS}, ANSWER: ("values",)}
+    prefix = "r1: Find[Gladiator] → QueryAttr[box office] → Verify"
+    mask = GroundedMask(table, candidates, lambda got: "".join(chars[i] for i in got))
+
+    def allowed(text, grammar):
+        scores = np.full(table.size, -np.inf)
+        scores[[chars.index(c) for c in grammar]] = 0.0
+        return {chars[i] for i in np.flatnonzero(np.isfinite(mask([chars.index(c) for c in text], scores)))}
+
+    assert allowed(prefix, "SNYD") == {"S"}
+    assert allowed(prefix + "Num", "[") == {"["}
+
+
+def test_a_token_outside_the_grammar_ends_the_output_and_raises_after_it():
+    import xgrammar as xgr
+
+    from cbr2.llm.llamacpp import _GrammarMask
+
+    vocab = ["a", "b", "</s>"]
+    info = xgr.TokenizerInfo(vocab, stop_token_ids=[2])
+    mask = _GrammarMask(xgr.GrammarCompiler(info).compile_grammar('root ::= "ab"'), 0, len(vocab), eos=2)
+    scores = mask([0], np.zeros(len(vocab), dtype=np.float32))
+    assert np.isfinite(scores).tolist() == [False, True, False] and mask.error is None
+    _GrammarMask.raise_if_failed([mask])  # nothing to raise
+    scores = mask([0, 0], np.zeros(len(vocab), dtype=np.float32))  # "aa": outside the grammar
+    assert np.isfinite(scores).tolist() == [False, False, True]  # only the end of the output
+    with pytest.raises(RuntimeError, match="token 0 was chosen outside the grammar"):
+        _GrammarMask.raise_if_failed([mask])

@@ -450,12 +450,29 @@ class GroundedMask:
         self.answers = frozenset(candidates.get(ANSWER, ()))
         closed = closed_functions(candidates)
         self._gated = bool(self.answers or closed)
-        live = live_functions(self.answers or ANSWER_TYPES, closed)
-        self._live = {arity: frozenset(n for n in live if get_spec(n).arity == arity) for arity in (0, 1, 2)}
+        # Two tiers of names: those that can still lead to an allowed answer without a closed call,
+        # and, where the grammar leaves none of those, those without a closed call.
+        self._tiers = [self._by_arity(live_functions(self.answers or ANSWER_TYPES, closed))]
+        if self.answers and closed:
+            self._tiers.append(self._by_arity(live_functions(ANSWER_TYPES, closed)))
         self._fmt = fmt
         self._sep = CALL_SEPARATORS[fmt]
 
+    @staticmethod
+    def _by_arity(names: frozenset[str]) -> dict[int, frozenset[str]]:
+        return {arity: frozenset(n for n in names if get_spec(n).arity == arity) for arity in (0, 1, 2)}
+
     def __call__(self, generated: Sequence[int], scores: Any) -> Any:
+        """The grammar-masked ``scores`` with the question's rules applied; where those rules would
+        forbid every token the grammar allows (a closed kind's argument after a name the grammar
+        left as the only way on), the grammar's choice stays."""
+        import numpy as np
+
+        grammar = scores.copy()
+        scores = self._narrow(generated, scores)
+        return scores if np.isfinite(scores).any() else grammar
+
+    def _narrow(self, generated: Sequence[int], scores: Any) -> Any:
         # The last call is never far back; a bounded tail keeps each step's cost flat. Only a
         # Relate's hop reads farther back, to the start of its branch.
         full = self.detokenize(generated)
@@ -478,8 +495,9 @@ class GroundedMask:
         (``closed_functions``): after a call whose result is an answer the question does not ask
         for, only the separator to a next call may follow (no end of the program); where a function
         name is being written, only names that take no argument of a closed kind and can still lead
-        to an allowed answer (``live_functions``). Each keeps the grammar's choice when nothing it
-        allows is left."""
+        to an allowed answer (``live_functions``), or, where the grammar allows none of those, only
+        names without a closed argument. Each keeps the grammar's choice when nothing it allows is
+        left."""
         import numpy as np
 
         if _CALL.search(text):  # inside an argument
@@ -492,9 +510,11 @@ class GroundedMask:
                 gap = done.group(2)
                 return self._keep(scores, [i for i in finite if self.table.texts[i] and self._goes_on(gap + self.table.texts[i])])
         arities: dict[str, tuple[int, ...]] = {}
-        dead = [i for i in finite if self._dead(text, self.table.texts[i] or "", arities)]
-        if 0 < len(dead) < len(finite):
-            scores[dead] = -np.inf
+        for live in self._tiers:
+            dead = [i for i in finite if self._dead(text, self.table.texts[i] or "", arities, live)]
+            if 0 < len(dead) < len(finite):
+                scores[dead] = -np.inf
+                break
         return scores
 
     def _goes_on(self, gap: str) -> bool:
@@ -504,10 +524,11 @@ class GroundedMask:
             return self._sep.startswith(gap)
         return gap.startswith(self._sep) and not gap[len(self._sep):].startswith("\n")
 
-    def _dead(self, text: str, token: str, arities: dict[str, tuple[int, ...]]) -> bool:
+    def _dead(self, text: str, token: str, arities: dict[str, tuple[int, ...]],
+              tier: dict[int, frozenset[str]]) -> bool:
         """Whether ``token``, written after ``text``, writes (part of) a function name whose every
-        completion of the arity the place takes cannot lead to an allowed answer (``arities``: the
-        places' arities computed so far this step)."""
+        completion of the arity the place takes is not in ``tier`` (names by arity; ``arities``:
+        the places' arities computed so far this step)."""
         if not token:
             return False
         tail = text[-_NAME_REACH:]  # a name and the separator before it; an argument ended the search earlier
@@ -518,7 +539,7 @@ class GroundedMask:
         before = text[:len(text) - len(tail)] + (tail + token)[:written.start(1)]
         if before not in arities:
             arities[before] = self._arities(before)
-        live = frozenset().union(*(self._live[a] for a in arities[before]))
+        live = frozenset().union(*(tier[a] for a in arities[before]))
         if written.group(2):  # the bracket is open: the name is whole
             return get_spec(name) is not None and name not in live
         return not any(n.startswith(name) for n in live)

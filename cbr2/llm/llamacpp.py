@@ -80,13 +80,16 @@ class _GrammarMask:
     next one; the matcher is fed the generated tokens it has not seen yet.
     """
 
-    def __init__(self, compiled: Any, n_prompt: int, n_vocab: int, grounded: Any = None, track: bool = False):
+    def __init__(self, compiled: Any, n_prompt: int, n_vocab: int, eos: int, grounded: Any = None,
+                 track: bool = False):
         import xgrammar as xgr
 
         self.matcher = xgr.GrammarMatcher(compiled)
         self.bitmask = xgr.allocate_token_bitmask(1, n_vocab)
-        self.n_prompt = n_prompt
+        self.n_prompt, self.eos = n_prompt, eos
         self.fed = 0
+        self.error: str | None = None
+        """Why decoding left the grammar, if it did (``raise_if_failed``)."""
         self.grounded = grounded
         """The question's ``GroundedMask`` (``generation.grounded``), applied after the grammar's."""
         self.tokens: list[int] = []
@@ -101,9 +104,14 @@ class _GrammarMask:
 
         generated = input_ids[self.n_prompt:]
         for token in generated[self.fed:]:
-            if not self.matcher.accept_token(int(token)):
-                # Cannot happen with the mask applied; fail loudly rather than emit an unchecked program.
-                raise RuntimeError(f"token {int(token)} was chosen outside the grammar")
+            if self.error is None and not self.matcher.accept_token(int(token)):
+                # Cannot happen with the mask applied. llama-cpp-python ignores an exception raised
+                # in this callback and decodes on, so end the output here and raise after it.
+                self.error = f"token {int(token)} was chosen outside the grammar"
+            if self.error is not None:
+                scores[:] = -np.inf
+                scores[self.eos] = 0.0
+                return scores
             self.tokens.append(int(token))
         self.fed = len(generated)
         self.matcher.fill_next_token_bitmask(self.bitmask)
@@ -119,6 +127,14 @@ class _GrammarMask:
             margin = float(scores[best] - scores[second])
             self.steps.append((int(second), margin) if np.isfinite(scores[second]) else (-1, float("inf")))
         return scores
+
+    @staticmethod
+    def raise_if_failed(processors: Any) -> None:
+        """Raise the error of a mask in ``processors`` (a ``LogitsProcessorList`` or None) that
+        saw decoding leave the grammar: such an output is never scored as a program."""
+        for mask in processors or ():
+            if isinstance(mask, _GrammarMask) and mask.error is not None:
+                raise RuntimeError(mask.error)
 
 
 class LlamaCppBackend:
@@ -281,7 +297,8 @@ class LlamaCppBackend:
             from cbr2.generation.grounded import GroundedMask
 
             grounded = GroundedMask(self._token_table(), dict(prompt.grounding), self._detokenize, self.grammar.fmt)
-        return LogitsProcessorList([_GrammarMask(self._compiled, n_prompt, llm.n_vocab(), grounded, track)])
+        return LogitsProcessorList([_GrammarMask(self._compiled, n_prompt, llm.n_vocab(), llm.token_eos(), grounded,
+                                                 track)])
 
     def _detokenize(self, ids: Sequence[int]) -> str:
         return self._llm.detokenize([int(i) for i in ids]).decode("utf-8", errors="replace")
@@ -324,7 +341,8 @@ class LlamaCppBackend:
             out = llm.create_completion([*ids, *forced], max_tokens=budget, temperature=self.temperature,
                                         top_p=self.top_p, top_k=0, min_p=0.0, repeat_penalty=1.0,
                                         stop=self.stop or None, seed=seed,
-                                        logits_processor=self._grammar_processor(len(ids), prompt))
+                                        logits_processor=(processor := self._grammar_processor(len(ids), prompt)))
+            _GrammarMask.raise_if_failed(processor)
             text = cut_at_stop(self._detokenize(forced) + out["choices"][0]["text"], self.stop)
             tried += 1
             tokens += 1 + out.get("usage", {}).get("completion_tokens", 0)
@@ -380,6 +398,7 @@ class LlamaCppBackend:
                                         temperature=self.temperature, top_p=self.top_p, top_k=0, min_p=0.0,
                                         repeat_penalty=1.0, stop=self.stop or None, seed=seed,
                                         logits_processor=processor)
+            _GrammarMask.raise_if_failed(processor)
             perf = llama_cpp.llama_perf_context(llm.ctx)
             self.last_perf = {"prefill_ms": perf.t_p_eval_ms, "prefill_tokens": perf.n_p_eval,
                               "decode_ms": perf.t_eval_ms, "decode_tokens": perf.n_eval}
