@@ -185,7 +185,8 @@ class GenerationConfig:
     (``cbr2.generation.grounded.slot_candidates``). A program's values come from its question; without
     it such a question's value slots are left to the grammar, and a small model fills them with a
     value of a case or of the question's own facts (``QueryAttr[population] → VerifyNum[44000000 |
-    !=]`` for "What is the population of Oceania?"). Acts where ``grounded`` acts."""
+    !=]`` for "What is the population of Oceania?"). Acts where ``grounded`` acts. Measured off on
+    validation (docs/results/cpu-default.md, "No literal value without one in the question")."""
     answer_type: AnswerType = "structural"
     """With grounded decoding, what the program may end with: ``free``, any answer the grammar
     allows; ``structural``, one of the answer types (count, bool, an attribute's values, names ...)
