@@ -254,10 +254,9 @@ class ProgramGrammar:
         Returns:
             The EBNF text; ``ebnf`` itself when no candidate is valid.
         """
-        shut = closed_functions(candidates) & {spec.name for spec in self.functions if spec.arity}
-        if shut:
+        shut = closed_functions(candidates)
+        if any(spec.arity and spec.name in shut for spec in self.functions):
             # A call closed after a branch's start sits in every tail rule: the grammar without it.
-            shut = closed_functions(candidates) & set(FUNCTIONS)
             if shut not in self._variants:
                 self._variants[shut] = ProgramGrammar(self._vocab, self.fmt, self.bounds, self.cache_dir, shut)
             return self._variants[shut].grounded_ebnf(candidates)
