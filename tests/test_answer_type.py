@@ -150,3 +150,19 @@ def test_a_name_is_judged_by_the_calls_its_place_takes(fmt, before, answers, kep
     out = mask([0], np.zeros(len(chars)))
     assert np.isfinite(out[1]) == kept
     assert np.isfinite(out[2])
+
+
+@pytest.mark.parametrize(("fmt", "chars", "going_on"), [
+    ("dag", ["r1: Find[Oceania] → QueryAttr[population]", " → ", " →", "\n", None], {1, 2}),
+    ("chain", ["Find[Oceania]\nQueryAttr[population]", "\n", "\nVerifyNum", "\n\n", None], {1, 2}),
+])
+@pytest.mark.parametrize(("answers", "ends"), [(("values",), True), (("values", "bool"), False)])
+def test_an_allowed_answer_no_open_call_takes_ends_the_program(fmt, chars, going_on, answers, ends):
+    # The KB grammar allows going on after QueryAttr, and then only Verify* names: with values alone
+    # asked, each of those is dead, so the layer must end the program here rather than leave the
+    # grammar's choice one step later (the per-request grammar's root already ends it).
+    table = TokenTable(chars)
+    mask = GroundedMask(table, {ANSWER: answers}, lambda got: "".join(chars[i] for i in got), fmt)
+    out = mask([0], np.zeros(len(chars)))
+    kept = {i for i in range(1, len(chars)) if np.isfinite(out[i])}
+    assert kept == (set(range(1, len(chars))) - going_on if ends else set(range(1, len(chars))))

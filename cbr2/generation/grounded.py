@@ -48,7 +48,9 @@ so its cases' last functions say what kind of answer the question asks for; a sm
 copies the last function of the case most like the question in wording (``SelectBetween`` for
 "which has the lowest", ``QueryAttrQualifier`` for "what visitors per year"). The layer forbids a
 call whose result can no longer become an allowed answer (``What`` where a count is asked) and
-the end of a program whose result is not one (a ``QueryAttr`` where a ``VerifyNum`` must follow).
+the end of a program whose result is not one (a ``QueryAttr`` where a ``VerifyNum`` must follow),
+and going on after a result that is one and that no call still open takes (a ``VerifyNum`` after
+the ``QueryAttr`` of a question whose cases all end with an attribute's values).
 Without the structural view in the prompt (``retrieval.cases``) the kind is absent.
 
 The candidates are recorded with the prompt (``Prompt.grounding``), so the predictions cache
@@ -455,6 +457,10 @@ class GroundedMask:
         self._tiers = [self._by_arity(live_functions(self.answers or ANSWER_TYPES, closed))]
         if self.answers and closed:
             self._tiers.append(self._by_arity(live_functions(ANSWER_TYPES, closed)))
+        # Allowed answers that no open one-input call takes further: the program ends there, as the
+        # per-request grammar's root says (after " → " the grammar may leave only dead names).
+        self._final = frozenset(t for t in (self.answers or ANSWER_TYPES)
+                                if not any(accepts(get_spec(n).inputs[0], t) for n in self._tiers[0][1]))
         self._fmt = fmt
         self._sep = CALL_SEPARATORS[fmt]
 
@@ -493,7 +499,8 @@ class GroundedMask:
     def _gate_names(self, text: str, scores: Any) -> Any:
         """The layer over function names, for the answer type (``ANSWER``) and closed kinds
         (``closed_functions``): after a call whose result is an answer the question does not ask
-        for, only the separator to a next call may follow (no end of the program); where a function
+        for, only the separator to a next call may follow (no end of the program); after one whose
+        result is an allowed answer that no open one-input call takes, no separator; where a function
         name is being written, only names that take no argument of a closed kind and can still lead
         to an allowed answer (``live_functions``), or, where the grammar allows none of those, only
         names without a closed argument. Each keeps the grammar's choice when nothing it allows is
@@ -503,12 +510,13 @@ class GroundedMask:
         if _CALL.search(text):  # inside an argument
             return scores
         finite = np.flatnonzero(np.isfinite(scores))
-        done = _AFTER_CALL.search(text) if self.answers else None
+        done = _AFTER_CALL.search(text)
         if done is not None and self._sep.startswith(done.group(2)):
-            spec = get_spec(done.group(1))
-            if spec is not None and spec.output in ANSWER_TYPES and spec.output not in self.answers:
-                gap = done.group(2)
+            spec, gap = get_spec(done.group(1)), done.group(2)
+            if spec is not None and spec.output in ANSWER_TYPES and self.answers and spec.output not in self.answers:
                 return self._keep(scores, [i for i in finite if self.table.texts[i] and self._goes_on(gap + self.table.texts[i])])
+            if spec is not None and spec.output in self._final:
+                return self._keep(scores, [i for i in finite if not (self.table.texts[i] and self._goes_on(gap + self.table.texts[i]))])
         arities: dict[str, tuple[int, ...]] = {}
         for live in self._tiers:
             dead = [i for i in finite if self._dead(text, self.table.texts[i] or "", arities, live)]
