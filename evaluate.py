@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.show_prompt is not None:
             sys.stdout.write(show_prompt(cfg, args.show_prompt))
             return 0
-        metrics = run_evaluation(cfg, retrieval_only=args.retrieval_only, ablation=args.ablation)
+        metrics = run_evaluation(cfg, retrieval_only=args.retrieval_only, ablation=args.ablation,
+                                 config_files=args.config)
     except LLMRequestError as err:
         # The server is gone or refuses (after the client's retries); every answer that came is saved.
         print(f"error: the LLM server failed: {err}\nEvery answer received so far is in the run folder; run the same "

@@ -134,6 +134,6 @@ def test_a_wheel_install_composes_a_config_outside_the_checkout(tmp_path):
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)},
                          capture_output=True, text=True, check=True).stdout.split("\n")
     assert Path(out[0]) == (site / "cbr2" / "config" / "configs").resolve() and not Path(out[0]).is_symlink()
-    # The installed copy must compose exactly what the checkout composes (w/o_act keeps full.yaml's K_f).
+    # The installed copy must compose exactly what the checkout composes: w/o_act over paper.yaml has no facts.
     want = compose(ablation="w/o_act", files=[CONFIG_DIR / "paper.yaml"])
-    assert out[1] == f"{want.retrieval.k_facts} {want.llm.backend} {want.data.name}"
+    assert want.retrieval.k_facts == 0 and out[1] == f"{want.retrieval.k_facts} {want.llm.backend} {want.data.name}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cbr2.config import CONFIG_DIR, ConfigError, ablation_files, load_config, setting_of
+from cbr2.config import CONFIG_DIR, ConfigError, ablation, load_config, setting_of
 
 DEFAULTS = [CONFIG_DIR / "evaluate.yaml"]
 
@@ -44,7 +44,9 @@ def test_config_errors_suggest_the_fix_in_the_projects_words(override, message):
     (["prompt.format=chain"], [], None),  # the chain form without knowledge: no row either
 ])
 def test_a_run_is_labelled_by_the_setting_its_configuration_is_in(overrides, files, setting):
-    cfg = load_config(overrides, DEFAULTS + [f for name in files for f in ablation_files(name)])
+    # The setting's files as plain layers (full.yaml, then its delta): labelling reads values only.
+    cfg = load_config(overrides, DEFAULTS + [f for name in files for f in dict.fromkeys([ablation("full").file,
+                                                                                          ablation(name).file])])
     assert setting_of(cfg) == setting
 
 

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from cbr2.config import ABLATIONS, CONFIG_DIR, ConfigError, ablation_file, compose, load_config
+from cbr2.config import ABLATIONS, CONFIG_DIR, ConfigError, ablation, compose, load_config
 from cbr2.data.benchmarks import Benchmark
 from cbr2.evaluation.runner import select_questions
 from cbr2.generation.prompt import PROGRAM_SLOT, PromptBuilder, program_text, prompt_hash, system_text
@@ -112,7 +112,7 @@ def test_every_ablation_is_a_small_delta_and_unknown_names_list_the_valid_ones()
                    for k in cfg[s] if cfg[s][k] != base[s][k]}
         assert changed == delta, name
     with pytest.raises(ConfigError, match=r"unknown ablation 'w/o_case'; valid: full, chain, w/o_reasoning_case"):
-        ablation_file("w/o_case")
+        ablation("w/o_case")
 
 
 # ---------------------------------------------------------------- the balanced sample

@@ -8,12 +8,13 @@
 
 ``submit`` expands the grid (ablations x every ``--grid`` key's values), checks every run's
 config (a misspelt key fails here, not in 16 queued jobs), writes ``SWEEP/sweep.json`` and
-submits ``slurm/sweep.sbatch`` twice: a job array with one task per run and shard, and a
-``finalize`` job that starts when the array has ended (``afterany``). Task ``t`` evaluates run
+submits a job array of ``slurm/sweep.sbatch`` with one task per run and shard, and a ``finalize``
+job (``slurm/finalize.sbatch``) that starts when the array has ended (``afterany``). Task ``t`` evaluates run
 ``t // shards``, shard ``t % shards``, into ``SWEEP/runs/{run}/``, with ``wandb.group`` set to
 the sweep's name. Each task asks for ``--gpus``, ``--cpus``, ``--mem``, ``--time``, ``--partition``
 and ``--account`` (unset: ``slurm/sweep.sbatch``'s defaults, one A100 task: 1 GPU, 8 CPUs, 64 GB,
-4 h); the finalize job asks for no GPU. ``finalize`` merges sharded runs (``python -m cbr2.cluster.merge``), writes the
+4 h); the finalize job asks for no GPU, on the site's default partition unless
+``--finalize-partition`` names one. ``finalize`` merges sharded runs (``python -m cbr2.cluster.merge``), writes the
 Table 5 layout of the finished runs to ``SWEEP/report/`` (``python -m cbr2.evaluation.compare``) and
 ``SWEEP/summary.json`` (task states, seconds, the sweep's wall time). A task that was killed
 resumes from its predictions when run again: ``python -m cbr2.cluster.sweep task SWEEP T`` or
@@ -36,6 +37,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from cbr2.cluster.grid import Run, expand_grid, expand_vary
 from cbr2.common.console import setup_logging
 from cbr2.common.errors import SetupError, UserError
@@ -46,7 +49,7 @@ from cbr2.config import (
     REPO_ROOT,
     Config,
     ConfigError,
-    ablation_file,
+    ablation,
     compose,
 )
 from cbr2.evaluation import compare
@@ -54,7 +57,9 @@ from cbr2.evaluation import compare
 log = logging.getLogger(__name__)
 
 SBATCH_SCRIPT = REPO_ROOT / "slurm" / "sweep.sbatch"
-"""The job script of every sweep task and of the finalize job."""
+"""The job script of every sweep task."""
+FINALIZE_SCRIPT = REPO_ROOT / "slurm" / "finalize.sbatch"
+"""The job script of the finalize job: its resources (2 CPUs, no GPU) are its own ``#SBATCH`` lines."""
 
 
 @dataclass
@@ -148,7 +153,7 @@ def run_task(sweep: Sweep, t: int) -> dict[str, Any]:
     try:
         cfg = sweep.config(run, shard)
         check_devices(cfg)
-        metrics = run_evaluation(cfg, ablation=run.ablation)
+        metrics = run_evaluation(cfg, ablation=run.ablation, config_files=sweep.config_files)
     except BaseException as err:
         status.update(state="failed", error=f"{type(err).__name__}: {err}")
         raise
@@ -225,9 +230,9 @@ def _vary_tables(sweep: Sweep, finished: list[Path]) -> str | None:
     if not bases or all(not r.overrides for r in sweep.runs):
         return None
     parts = []
-    for ablation, base in bases.items():
+    for setting, base in bases.items():
         others = [(" ".join(r.overrides), compare.load_run(sweep.run_dir(r))) for r in sweep.runs
-                  if r.ablation == ablation and r.overrides and r.name in done]
+                  if r.ablation == setting and r.overrides and r.name in done]
         title = f"{sweep.name} · {base.name}: one factor at a time"
         parts.append(compare.versus_table(compare.load_run(sweep.run_dir(base)), others, title))
     path = Path(sweep.dir) / "report" / "vary.md"
@@ -250,10 +255,6 @@ def _sbatch(args: list[str], env: dict[str, str]) -> str:
     return job
 
 
-FINALIZE_RESOURCES = ["--gpus=0", "--cpus-per-task=2", "--mem=16G", "--time=01:00:00"]
-"""The finalize job merges and tabulates files: no GPU (the script's default asks for one)."""
-
-
 @dataclass
 class Resources:
     """What each task of a sweep asks Slurm for; None leaves ``slurm/sweep.sbatch``'s default."""
@@ -264,18 +265,23 @@ class Resources:
     time: str | None = None
     partition: str | None = None
     account: str | None = None
+    finalize_partition: str | None = None
+    """The finalize job's partition; unset: the site's default partition (not the tasks' GPU one)."""
 
     def task_args(self) -> list[str]:
         """``sbatch`` options of the array's tasks."""
-        flags = {"gpus": self.gpus, "cpus-per-task": self.cpus, "mem": self.mem, "time": self.time}
-        return [f"--{k}={v}" for k, v in {**flags, **self._site()}.items() if v is not None]
+        flags = {"gpus": self.gpus, "cpus-per-task": self.cpus, "mem": self.mem, "time": self.time,
+                 "partition": self.partition, "account": self.account}
+        return [f"--{k}={v}" for k, v in flags.items() if v is not None]
 
     def finalize_args(self) -> list[str]:
-        """``sbatch`` options of the finalize job: ``FINALIZE_RESOURCES`` on the tasks' partition and account."""
-        return [*FINALIZE_RESOURCES, *(f"--{k}={v}" for k, v in self._site().items() if v is not None)]
+        """``sbatch`` options of the finalize job: the account, and ``finalize_partition`` if set.
 
-    def _site(self) -> dict[str, str | None]:
-        return {"partition": self.partition, "account": self.account}
+        The job reads and writes files: on a GPU partition it would be a GPU-less job there, which
+        some sites reject; the site's default partition takes it.
+        """
+        flags = {"partition": self.finalize_partition, "account": self.account}
+        return [f"--{k}={v}" for k, v in flags.items() if v is not None]
 
 
 def submit(sweep: Sweep, sbatch: list[str], finalize_sbatch: list[str], parallel: int | None,
@@ -292,8 +298,8 @@ def submit(sweep: Sweep, sbatch: list[str], finalize_sbatch: list[str], parallel
     task_args = [f"--array={array}", f"--job-name=cbr2-sweep-{sweep.name}", f"--output={logs}/task-%a.out",
                  *resources.task_args(), *sbatch, str(SBATCH_SCRIPT), "task", sweep.dir]
     final_args = [f"--job-name=cbr2-sweep-{sweep.name}-finalize", f"--output={logs}/finalize.out",
-                  *resources.finalize_args(), *finalize_sbatch, *(["--wait"] if wait else []), str(SBATCH_SCRIPT),
-                  "finalize", sweep.dir]
+                  *resources.finalize_args(), *finalize_sbatch, *(["--wait"] if wait else []), str(FINALIZE_SCRIPT),
+                  sweep.dir]
     if dry_run:
         return [task_args, ["--dependency=afterany:ARRAY_JOB", *final_args]]
     env = {**os.environ, "CBR2_PYTHON": sys.executable}
@@ -318,7 +324,7 @@ def _new_sweep(args: argparse.Namespace) -> Sweep:
     else:
         ablations = [a.strip() for a in args.ablations.split(",")]
         for a in ablations:
-            ablation_file(a)  # unknown names fail here, listing the valid ones
+            ablation(a)  # unknown names fail here, listing the valid ones
     if args.shards < 1:
         raise ConfigError(f"--shards {args.shards}: must be at least 1")
     name = args.name or datetime.now().strftime("sweep-%Y%m%d-%H%M%S")
@@ -336,13 +342,28 @@ def _new_sweep(args: argparse.Namespace) -> Sweep:
     sweep = Sweep(name=name, dir=str(folder), runs=runs, shards=args.shards,
                   config_files=[str(Path(f).resolve()) for f in args.config], overrides=list(args.overrides),
                   created=_now(), git=git_hash(), command=" ".join(sys.argv))
+    seen: dict[str, str] = {}
     for run in sweep.runs:  # every run's config is checked before anything is submitted
         cfg = sweep.config(run, 0)
         if cfg.eval.limit is not None and cfg.eval.limit < sweep.shards:
             raise ConfigError(f"eval.limit={cfg.eval.limit} leaves some of the {sweep.shards} shards empty")
+        same = seen.setdefault(_identity(cfg), run.name)
+        if same != run.name:
+            raise ConfigError(f"runs {same} and {run.name} of the sweep compose to the same configuration, so one "
+                              "would only repeat the other: drop one, or make their settings differ")
     folder.mkdir(parents=True, exist_ok=True)
     sweep.save()
     return sweep
+
+
+def _identity(cfg: Any) -> str:
+    """What a run computes: its configuration without where it writes and how it is named and sharded."""
+    tree = OmegaConf.to_container(cfg)
+    tree.pop("output_dir", None)
+    for section, keys in (("wandb", ("name", "group")), ("eval", ("shard", "num_shards"))):
+        for key in keys:
+            tree[section].pop(key, None)
+    return json.dumps(tree, sort_keys=True)
 
 
 def _submit_arguments(p: argparse.ArgumentParser) -> None:
@@ -358,14 +379,16 @@ def _submit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", help="the sweep's name (folder and W&B group); default sweep-DATE-TIME")
     p.add_argument("--dir", default="outputs/sweeps", help="where sweep folders go (default: %(default)s)")
     res = p.add_argument_group("resources of each task (unset: slurm/sweep.sbatch's defaults, one A100 task: "
-                               "1 GPU, 8 CPUs, 64 GB, 4 h; the finalize job gets no GPU)")
+                               "1 GPU, 8 CPUs, 64 GB, 4 h; the finalize job is slurm/finalize.sbatch's: no GPU)")
     res.add_argument("--gpus", type=int, metavar="N", help="GPUs per task (sbatch --gpus; 0: none)")
     res.add_argument("--cpus", type=int, metavar="N", help="CPUs per task (sbatch --cpus-per-task)")
     res.add_argument("--mem", metavar="SIZE", help="memory per task, e.g. 64G (sbatch --mem)")
     res.add_argument("--time", metavar="LIMIT", help="time limit per task, e.g. 04:00:00 (sbatch --time); a task "
                                                      "requeues itself 2 minutes before it and resumes")
-    res.add_argument("--partition", metavar="NAME", help="partition of the tasks and the finalize job (sbatch -p)")
+    res.add_argument("--partition", metavar="NAME", help="partition of the tasks (sbatch -p)")
     res.add_argument("--account", metavar="NAME", help="account charged (sbatch -A)")
+    res.add_argument("--finalize-partition", metavar="NAME",
+                     help="partition of the finalize job (2 CPUs, no GPU); default: the site's default partition")
     p.add_argument("--sbatch", default="", metavar="ARGS",
                    help='more sbatch options of the tasks, after the resources above (they win), e.g. "--qos=high"')
     p.add_argument("--finalize-sbatch", default="", metavar="ARGS", help="sbatch options of the finalize job")
@@ -426,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{summary['wall_s'] or 0:.0f} s -> {sweep.dir}")
                 return 0 if not summary["incomplete_runs"] else 1
             resources = Resources(gpus=args.gpus, cpus=args.cpus, mem=args.mem, time=args.time,
-                                  partition=args.partition, account=args.account)
+                                  partition=args.partition, account=args.account,
+                                  finalize_partition=args.finalize_partition)
             commands = submit(sweep, shlex.split(args.sbatch), shlex.split(args.finalize_sbatch), args.parallel,
                               dry_run=args.dry_run, wait=args.wait, resources=resources)
             if args.dry_run:

@@ -1,14 +1,15 @@
 """Configuration: the schema, its composition from ``configs/*.yaml`` and overrides, and the
-paper's ablation settings.
+paper's ablation settings (Table 5).
 
 * ``cbr2.config.schema``: every key with its type, default, range (``bounded``,
   ``cbr2.config.fields``) and choices, declared once;
 * ``cbr2.config.files``: where the YAML files are (the checkout's ``configs/``, or the copy an
   installed package carries) and reading one;
 * ``cbr2.config.load``: ``compose``, the one layering (the schema's defaults, the entry point's
-  file, an ablation's delta, ``--config`` files, then ``key=value`` overrides), the checks the
+  file, ``--config`` files, the ablation's setting, then ``key=value`` overrides), the checks the
   types cannot make, and the wording of every error (``ConfigError``, naming key and file);
-* ``cbr2.config.ablations``: the paper's Table 5 settings and their delta files;
+* ``cbr2.config.ablations``: the paper's Table 5 settings, their files, and putting a
+  configuration in one;
 * ``cbr2.config.cli``: the arguments ``train.py`` and ``evaluate.py`` share;
 * ``cbr2.config.reference``: ``python -m cbr2.config.reference > docs/configuration.md``.
 
@@ -23,8 +24,6 @@ from cbr2.config.ablations import (
     ABLATIONS,
     Ablation,
     ablation,
-    ablation_file,
-    ablation_files,
     ablation_slug,
     canonical_ablation,
     setting_of,
@@ -50,6 +49,6 @@ from cbr2.config.schema import (
 __all__ = [
     "ABLATIONS", "ABLATION_TABLE", "CONFIG_DIR", "REPO_ROOT", "Ablation", "Config", "ConfigError", "DataConfig",
     "EvalConfig", "GenerationConfig", "LLMConfig", "PromptConfig", "RetrievalConfig", "StructuralConfig",
-    "StructuralTrainConfig", "TrainConfig", "TrainDataConfig", "WandbConfig", "ablation", "ablation_file", "ablation_files",
+    "StructuralTrainConfig", "TrainConfig", "TrainDataConfig", "WandbConfig", "ablation",
     "ablation_slug", "bounded", "canonical_ablation", "compose", "load_config", "setting_of",
 ]

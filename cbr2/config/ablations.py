@@ -1,10 +1,19 @@
-"""The paper's Table 5 settings (ablations): their names, their delta files
-(``configs/ablations/{slug}.yaml``), and which setting a configuration is in.
+"""The paper's Table 5 settings (ablations): their names, their files
+(``configs/ablations/{slug}.yaml``), applying one to a configuration, and which setting a
+configuration is in.
 
-Every setting is the full method (``full.yaml``: the question's knowledge as the paper recalls it)
-with its own delta on top, whatever the defaults are: the CPU default recalls no knowledge
-(``retrieval.k_ontology`` / ``k_facts`` 0), so ``--ablation w/o_act`` still means the paper's row,
-ontology triples without facts, and not the default less what it does not have.
+A setting is defined on four keys: the program form (``prompt.format``), the case views
+(``retrieval.cases``) and whether the question's ontology and fact triples are recalled
+(``retrieval.k_ontology``, ``retrieval.k_facts`` above 0). ``full.yaml`` gives all four for the
+full method; every other setting is ``full.yaml`` with its own delta on top.
+
+``--ablation NAME`` is applied after the ``--config`` files, as a setting and not as one more
+layer: the four keys are set to the setting's values, except that a ``k`` the setting recalls
+keeps the base's amount when the base recalls any (``paper.yaml``'s 10, a user's 4) and takes
+``full.yaml``'s otherwise (the CPU default recalls none). So ``--ablation w/o_act`` means the
+paper's row, ontology triples without facts, whatever the defaults or the ``--config`` files hold,
+and the base's other values (its model, encoder, k_s and k_r ...) stand. A ``key=value`` override
+comes last and must not take the run out of the setting (``check_setting``).
 """
 
 from __future__ import annotations
@@ -18,12 +27,27 @@ from omegaconf import DictConfig, OmegaConf
 from cbr2.common.console import did_you_mean
 from cbr2.common.errors import ConfigError
 from cbr2.config.files import CONFIG_DIR, leaves, read_yaml
-from cbr2.config.schema import Config
+
+FULL_FILE = CONFIG_DIR / "ablations" / "full.yaml"
+"""The full method's setting, on every key that defines a setting."""
+
+VIEW_AMOUNTS = {"semantic": "retrieval.k_semantic", "structural": "retrieval.k_structural"}
+"""The number of cases each view contributes: a setting that uses a view needs it above 0."""
+
+CASE_VIEWS = {"dual": ("semantic", "structural"), "semantic": ("semantic",), "structural": ("structural",),
+              "random": ()}
+"""The views each ``retrieval.cases`` mode of a Table 5 setting draws from (random draws as many
+cases as the dual view gives at most: k_s + k_r)."""
+
+
+def _is_amount(value: Any) -> bool:
+    """Whether a setting's value is an amount (a ``k``: only 0 or above 0 defines the setting)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
 class Ablation:
-    """One setting of the paper's Table 5: its name, delta file and place in the table."""
+    """One setting of the paper's Table 5: its name, file and place in the table."""
 
     name: str
     """As the paper and ``--ablation`` spell it (``w/o_act``)."""
@@ -39,14 +63,52 @@ class Ablation:
 
     @property
     def file(self) -> Path:
-        """Its delta file, ``configs/ablations/{slug}.yaml`` (over ``full.yaml``'s, for the others)."""
+        """Its file, ``configs/ablations/{slug}.yaml`` (a delta over ``full.yaml``'s, for the others)."""
         return CONFIG_DIR / "ablations" / f"{self.slug}.yaml"
 
     @property
-    def files(self) -> list[Path]:
-        """What ``--ablation`` merges over the defaults, in order: ``full.yaml``, then its own file."""
-        full = CONFIG_DIR / "ablations" / "full.yaml"
-        return [full] if self.file == full else [full, self.file]
+    def values(self) -> dict[str, Any]:
+        """The setting on the keys that define one (``{"prompt.format": "dag", ...}``): ``full.yaml``,
+        then this setting's own file.
+
+        Raises:
+            ConfigError: Naming a file that cannot be read.
+        """
+        values = leaves(OmegaConf.to_container(read_yaml(FULL_FILE)))
+        if self.file != FULL_FILE:
+            values.update(leaves(OmegaConf.to_container(read_yaml(self.file))))
+        return values
+
+    def apply(self, cfg: DictConfig) -> DictConfig:
+        """``cfg`` put in this setting: a copy with the defining keys set, each ``k`` the setting
+        recalls keeping ``cfg``'s amount when that is above 0."""
+        out = cfg.copy()
+        for key, want in self.values.items():
+            have = OmegaConf.select(out, key)
+            if _is_amount(want) and want > 0 and _is_amount(have) and have > 0:
+                continue  # the base's amount: the setting only says that this kind is recalled
+            OmegaConf.update(out, key, want, merge=False)
+        return out
+
+    def departures(self, cfg: DictConfig) -> list[tuple[str, Any, str]]:
+        """Where ``cfg`` is not in this setting: ``(key, its value, what the setting needs)`` each."""
+        found = []
+        for key, want in self.values.items():
+            have = OmegaConf.select(cfg, key)
+            if _is_amount(want):
+                if not _is_amount(have) or (have > 0) != (want > 0):
+                    found.append((key, have, "0" if want == 0 else "above 0"))
+            elif have != want:
+                found.append((key, have, repr(want)))
+        views = CASE_VIEWS.get(OmegaConf.select(cfg, "retrieval.cases"), ())
+        for view in views:
+            amount = VIEW_AMOUNTS[view]
+            if not OmegaConf.select(cfg, amount):
+                found.append((amount, OmegaConf.select(cfg, amount), f"above 0 (the {view} view gives cases)"))
+        if OmegaConf.select(cfg, "retrieval.cases") == "random" and \
+                not sum(OmegaConf.select(cfg, k) or 0 for k in VIEW_AMOUNTS.values()):
+            found.append(("retrieval.k_semantic", 0, "above 0 with retrieval.k_structural (random cases: k_s + k_r)"))
+        return found
 
 
 ABLATION_TABLE = (
@@ -92,45 +154,12 @@ def ablation(name: str) -> Ablation:
     raise ConfigError(f"unknown ablation {name!r}{hint}; valid: {', '.join(ABLATIONS)}")
 
 
-def ablation_file(name: str) -> Path:
-    """The delta file of an ablation (``w/o_act`` or ``wo_act`` → ``configs/ablations/wo_act.yaml``).
-
-    Raises:
-        ConfigError: For an unknown name, with the closest valid one.
-    """
-    return ablation(name).file
-
-
-def ablation_files(name: str) -> list[Path]:
-    """What ``--ablation NAME`` merges over the defaults: ``full.yaml``, then the setting's own file.
-
-    Raises:
-        ConfigError: For an unknown name, with the closest valid one.
-    """
-    return ablation(name).files
-
-
 def setting_of(cfg: DictConfig) -> str | None:
     """The Table 5 setting a configuration is in, from its values, or None for none of them.
 
-    The keys the ablation files set (``prompt.format``, ``retrieval.cases``, ``retrieval.k_facts``,
-    ``retrieval.k_ontology``) decide: a setting is its files' values on those keys (a ``k`` only
-    as 0 or above 0), with the defaults' elsewhere. So ``retrieval.k_facts=3`` is still ``full``,
+    The keys the ablation files set decide (a ``k`` only as 0 or above 0), and a setting's case
+    views must each give cases. So ``retrieval.k_facts=3`` is still ``full``,
     ``retrieval.k_ontology=10`` given as an override on the CPU default is ``w/o_act``, as
     ``--ablation w/o_act`` is, and a run on the CPU default is ``w/o_knowledge``.
     """
-    deltas = {a.name: {k: v for f in a.files for k, v in leaves(OmegaConf.to_container(read_yaml(f))).items()}
-              for a in ABLATION_TABLE}
-    keys = sorted(set().union(*deltas.values()))
-    defaults = OmegaConf.structured(Config)
-
-    def same(value: Any, want: Any) -> bool:
-        if isinstance(want, int) and not isinstance(want, bool):
-            return isinstance(value, int) and (value > 0) == (want > 0)
-        return value == want
-
-    values = {k: OmegaConf.select(cfg, k) for k in keys}
-    for name, delta in deltas.items():
-        if all(same(values[k], delta[k] if k in delta else OmegaConf.select(defaults, k)) for k in keys):
-            return name
-    return None
+    return next((a.name for a in ABLATION_TABLE if not a.departures(cfg)), None)

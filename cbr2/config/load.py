@@ -29,9 +29,9 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from cbr2.common.console import did_you_mean
 from cbr2.common.errors import ConfigError
-from cbr2.config.ablations import ablation_files
+from cbr2.config.ablations import ablation as table5_setting
 from cbr2.config.fields import ranges
-from cbr2.config.files import CONFIG_DIR, read_yaml
+from cbr2.config.files import CONFIG_DIR, leaves, read_yaml
 from cbr2.config.schema import Config, TrainConfig
 
 # ------------------------------------------------------------------------------------ choices
@@ -221,12 +221,33 @@ def compose(schema: type = Config, *, ablation: str | None = None, files: Iterab
             overrides: Iterable[str] = ()) -> DictConfig:
     """The configuration of a run, layered the one way every entry point, sweep task and on-demand
     training does: the schema's defaults, its entry point's file (``configs/evaluate.yaml`` or
-    ``configs/train.yaml``), the ablation's files (``full.yaml`` and its delta), ``files``, then
-    ``key=value`` overrides.
+    ``configs/train.yaml``) and ``files`` make the base; the ablation puts the base in its Table 5
+    setting (``Ablation.apply``: whatever the files hold, their other values stand); then the
+    ``key=value`` overrides, which must leave the run in that setting.
 
     Raises:
-        ConfigError: As ``load_config``, or for an unknown ablation.
+        ConfigError: As ``load_config``; for an unknown ablation; or naming the override (or
+            file) that takes the run out of the setting ``ablation`` names, with the setting.
     """
-    delta = ablation_files(ablation) if ablation else []
-    defaults = CONFIG_DIR / ("train.yaml" if schema is TrainConfig else "evaluate.yaml")
-    return load_config(list(overrides), files=[defaults, *delta, *files], schema=schema)
+    files = [CONFIG_DIR / ("train.yaml" if schema is TrainConfig else "evaluate.yaml"), *files]
+    overrides = list(overrides)
+    if not ablation:
+        return load_config(overrides, files=files, schema=schema)
+    setting = table5_setting(ablation)
+    cfg = merge_layers(setting.apply(load_config([], files=files, schema=schema)), [], overrides)
+    departures = setting.departures(cfg)
+    if departures:
+        raise ConfigError("; ".join(f"{_origin(key, files, overrides)} contradicts --ablation {setting.name}: that "
+                                    f"setting needs {key} {need}, not {value}" for key, value, need in departures))
+    return cfg
+
+
+def _origin(key: str, files: list[str | Path], overrides: list[str]) -> str:
+    """The last layer that sets ``key``: ``override 'k=v'`` or the file's path (else ``the defaults``)."""
+    for item in reversed(overrides):
+        if item.partition("=")[0].strip() == key:
+            return f"override {item!r}"
+    for path in reversed(files):
+        if key in leaves(OmegaConf.to_container(read_yaml(path))):
+            return str(path)
+    return "the defaults"

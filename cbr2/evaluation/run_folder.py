@@ -119,7 +119,7 @@ def check_same_config(out: Path, cfg: DictConfig) -> None:
 
 
 def provenance(cfg: DictConfig, bench: Benchmark, out: Path, selection: Sequence[Question],
-               ablation: str | None) -> dict[str, Any]:
+               ablation: str | None, config_files: Sequence[str | Path] = ()) -> dict[str, Any]:
     """What a result needs to be trusted and reproduced: ``metrics.json``'s ``provenance`` block.
 
     Args:
@@ -128,10 +128,12 @@ def provenance(cfg: DictConfig, bench: Benchmark, out: Path, selection: Sequence
         out: The run folder.
         selection: The whole selection; the run judged shard ``eval.shard`` of it.
         ablation: The canonical ``--ablation`` name, if any.
+        config_files: The ``--config`` files of the run's base.
 
     Returns:
         Config, git hash, Python and package versions, data, prompt and fallback versions,
-        seeds and command line; the ablation and the Table 5 setting (``config.setting_of``);
+        seeds and command line; the base's ``--config`` files, the ablation and the Table 5
+        setting (``config.setting_of``);
         and the selection hashes (``selection.selection_provenance``).
     """
     versions = {}
@@ -151,6 +153,7 @@ def provenance(cfg: DictConfig, bench: Benchmark, out: Path, selection: Sequence
         "fallback_version": FALLBACK_VERSION if cfg.generation.fallback else None,
         "seed": {"retrieval": cfg.retrieval.seed, "llm": cfg.llm.seed, "sample": cfg.eval.sample_seed},
         "command": " ".join(sys.argv),
+        "config_files": [str(Path(f).resolve()) for f in config_files],
         "ablation": ablation,
         "setting": setting_of(cfg),
         "output_dir": str(out),

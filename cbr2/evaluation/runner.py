@@ -147,7 +147,8 @@ def show_prompt(cfg: DictConfig, index: int) -> str:
     return make_backend(cfg.llm, [question], program_format=cfg.prompt.format).render(prompt)
 
 
-def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str | None = None) -> dict[str, Any]:
+def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str | None = None,
+                   config_files: Sequence[str | Path] = ()) -> dict[str, Any]:
     """Evaluate a configuration end to end and write its output folder.
 
     Args:
@@ -157,6 +158,7 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
             The Table 5 setting the run is labelled with is read off the configuration itself
             (``config.setting_of``), so a run of the CPU defaults is w/o_knowledge with or
             without ``--ablation w/o_knowledge``.
+        config_files: The ``--config`` files of the base the ablation was applied to (recorded).
 
     Returns:
         The metrics (also written to ``metrics.json``).
@@ -176,7 +178,7 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
         if not retrieval_only:
             check_same_config(out, cfg)
         write_config(out, cfg)
-        prov = provenance(cfg, bench, out, selection, ablation)
+        prov = provenance(cfg, bench, out, selection, ablation, config_files)
 
         retrieval, retrieved = run_retrieval(cfg, bench, questions, out, extra_views=VIEWS if retrieval_only else ())
         records: list[Prediction] | None = None  # None: a retrieval-only run
