@@ -1,6 +1,7 @@
 """The structural retriever: labels, pair sampling, the data cut, the loss, exports and ``train.py``."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -336,6 +337,62 @@ def test_find_checkpoint_picks_newest_of_the_dataset(tmp_path, caplog):
     assert "broken" in caplog.text and "no-meta" in caplog.text
 
 
+# -------------------------------------------------------------------------- precision
+
+def _train_cfg(*overrides):
+    return load_config(list(overrides), files=[CONFIG_DIR / "train.yaml"], schema=TrainConfig)
+
+
+def _gpus(monkeypatch, bf16: bool) -> None:
+    """Make torch see CUDA GPUs that compute in bfloat16, or that only emulate it (a V100's, for which
+    torch's default ``including_emulation=True`` says yes)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16 or including_emulation)
+
+
+def test_auto_precision_on_cpus_is_32_true_and_keeps_the_run_id(monkeypatch, caplog):
+    from cbr2.structural.train import resolve_precision, run_id
+
+    caplog.set_level(logging.INFO, logger="cbr2.structural.train")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = _train_cfg()
+    assert cfg.trainer.precision == "auto"  # the schema's default
+    resolved = resolve_precision(cfg)
+    assert resolved.trainer.precision == "32-true" and cfg.trainer.precision == "auto"
+    assert "precision 32-true (trainer.precision=auto: no CUDA GPU trains this run)" in caplog.text
+    # 32-true was the default before auto: a run trained on CPUs then keeps its id, and resumes.
+    assert run_id(resolved) == run_id(_train_cfg("trainer.precision=32-true"))
+    _gpus(monkeypatch, bf16=True)
+    assert resolve_precision(_train_cfg("trainer.accelerator=cpu")).trainer.precision == "32-true"  # GPUs left unused
+
+
+def test_auto_precision_on_cuda_gpus(monkeypatch):
+    from cbr2.structural.train import resolve_precision, run_id
+
+    _gpus(monkeypatch, bf16=True)
+    for accelerator in ("auto", "gpu", "cuda"):
+        assert resolve_precision(_train_cfg(f"trainer.accelerator={accelerator}")).trainer.precision == "bf16-mixed"
+    bf16 = resolve_precision(_train_cfg())
+    _gpus(monkeypatch, bf16=False)
+    fp16 = resolve_precision(_train_cfg())
+    assert fp16.trainer.precision == "16-mixed"
+    assert len({run_id(bf16), run_id(fp16), run_id(_train_cfg("trainer.precision=32-true"))}) == 3  # three runs
+    with pytest.raises(ConfigError, match="trainer.strategy=ddp_fork"):  # asking CUDA would stop the fork
+        resolve_precision(_train_cfg("trainer.strategy=ddp_fork"))
+
+
+def test_an_explicit_precision_is_used_as_given(monkeypatch, caplog):
+    from cbr2.structural.train import resolve_precision
+
+    caplog.set_level(logging.INFO, logger="cbr2.structural.train")
+    _gpus(monkeypatch, bf16=True)
+    cfg = _train_cfg("trainer.precision=32-true")
+    assert resolve_precision(cfg) is cfg and "precision 32-true (trainer.precision as given)" in caplog.text
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for given in ("bf16-mixed", "16-mixed"):
+        assert resolve_precision(_train_cfg(f"trainer.precision={given}")).trainer.precision == given
+
+
 # ---------------------------------------------------------------------------- train()
 
 def _cfg(tiny_root, tmp_path, *extra):
@@ -364,8 +421,9 @@ def test_train_exports_a_loadable_checkpoint_and_resumes(tiny_root, tmp_path):
     for metrics in (meta["metrics"], meta["baseline"], result["best"]):
         assert {"val/mse", "val/spearman", "val/sketch_hit@1", "val/sketch_hit@5"} <= set(metrics)
     assert meta["metrics"] == result["best"] and meta["backbone"] and meta["created"]
+    assert meta["config"]["trainer"]["precision"] == "32-true"  # what trainer.precision=auto trained in
     run = tmp_path / "run"
-    assert (run / "config.yaml").is_file() and (run / "git.txt").is_file()
+    assert "precision: 32-true" in (run / "config.yaml").read_text() and (run / "git.txt").is_file()
     assert "val/sketch_hit@5" in next(run.glob("logs/*/metrics.csv")).read_text()
 
     again = train(_cfg(tiny_root, tmp_path, "trainer.max_steps=4"))  # same folder: picks up where it stopped

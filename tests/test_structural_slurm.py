@@ -1,5 +1,7 @@
-"""Training under SLURM: sizing from the allocation, resuming from the requeue checkpoint, and
-``slurm/train.sbatch`` signalled, requeued and resumed on a real (private) Slurm."""
+"""Training under SLURM and DDP: sizing from the allocation, two DDP processes on CPU (gloo) as
+Lightning and as ``srun`` start them, resuming from the requeue checkpoint, and
+``slurm/train.sbatch`` signalled, requeued and resumed, and run over two tasks, on a real
+(private) Slurm."""
 
 from __future__ import annotations
 
@@ -7,6 +9,9 @@ import csv
 import json
 import os
 import re
+import signal
+import socket
+import subprocess
 import sys
 import time
 import warnings
@@ -155,6 +160,99 @@ def test_train_in_a_slurm_job_resumes_from_the_requeue_checkpoint(tiny_root, tmp
     assert torch.equal(exported[key], weight(final)) and not torch.equal(exported[key], weight(stale))
 
 
+# ------------------------------------------------------------------------------ DDP on CPU
+
+DDP_PAIRS, DDP_MAX_STEPS = 32, 3
+"""32 pairs per epoch are 16 per rank with two ranks, 2 batches of 8: the one epoch
+(``trainer.max_epochs=1``) ends at step 2, before ``max_steps``; one process would take 3 steps."""
+_DISTRIBUTED_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                          "NODE_RANK", "GROUP_RANK")
+
+
+def _ddp_overrides(tiny_root: Path, tmp_path: Path, *extra: str) -> list[str]:
+    return [*_overrides(tiny_root, tmp_path, DDP_PAIRS, DDP_MAX_STEPS), "trainer.max_epochs=1", *extra]
+
+
+def _process_env(**values: str) -> dict[str, str]:
+    """This environment without SLURM's and torch.distributed's variables (the tests may run inside
+    a job, and a second rank must not inherit the first's), plus ``values``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in _DISTRIBUTED_VARIABLES}
+    return {**env, "HF_HUB_OFFLINE": "1", **values}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _train_processes(envs: list[dict[str, str]], overrides: list[str], cwd: Path,
+                     timeout_s: float = 300) -> list[tuple[int, str]]:
+    """``train.py overrides`` started once per environment, all at once; each one's exit code and output.
+
+    Each runs in a session of its own, so that on a timeout it is killed with any rank Lightning
+    started from it (a rank left waiting for its peers would wait for gloo's 30 minutes).
+    """
+    procs = []
+    for i, env in enumerate(envs):
+        with (cwd / f"process-{i}.log").open("wb") as out:  # the child keeps its own descriptor
+            procs.append(subprocess.Popen([sys.executable, str(ROOT / "train.py"), *overrides], cwd=cwd, env=env,
+                                          stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+    deadline = time.monotonic() + timeout_s
+    try:
+        for proc in procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return [(proc.returncode, (cwd / f"process-{i}.log").read_text(errors="replace")) for i, proc in enumerate(procs)]
+
+
+def _check_two_rank_run(output: str, tmp_path: Path) -> None:
+    """What training over two DDP ranks leaves: both joined, each trained on its half of the
+    epoch's pairs, global rank zero alone exported, and the export loads and encodes."""
+    from sentence_transformers import SentenceTransformer
+
+    for rank in (0, 1):  # Lightning's line as each rank joins the process group
+        assert f"GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2" in output, output[-4000:]
+    assert "distributed_backend=gloo" in output
+    assert output.count("exported the structural retriever") == 1, output[-4000:]
+    exports = list((tmp_path / "ckpt").iterdir())
+    assert len(exports) == 1
+    meta = json.loads((exports[0] / META_FILE).read_text())
+    assert meta["steps"] == 2 and _train_steps(tmp_path / "run" / "logs" / "version_0" / "metrics.csv") == [0, 1]
+    assert meta["config"]["trainer"]["precision"] == "32-true"  # trainer.precision=auto on CPUs
+    assert {"val/spearman", "val/sketch_hit@5"} <= set(meta["metrics"])
+    assert SentenceTransformer(str(exports[0]), device="cpu").encode(["Which is taller?"]).shape == (1, 384)
+
+
+@pytest.mark.slow
+def test_two_ddp_processes_on_cpu(tiny_root, tmp_path):
+    """``trainer.devices=2 trainer.strategy=ddp`` on CPUs: Lightning starts the second rank; gloo joins them."""
+    [(code, output)] = _train_processes([_process_env()], _ddp_overrides(
+        tiny_root, tmp_path, "trainer.devices=2", "trainer.strategy=ddp"), tmp_path)
+    assert code == 0, output[-4000:]
+    _check_two_rank_run(output, tmp_path)
+
+
+@pytest.mark.slow
+def test_two_ddp_processes_as_srun_starts_them(tiny_root, tmp_path):
+    """Two processes with the variables srun gives the tasks of a one-node, two-task job: each is
+    sized by the allocation (``trainer.devices`` stays auto) and Lightning's SLURMEnvironment joins them."""
+    task = {**JOB, "NTASKS": "2", "NTASKS_PER_NODE": "2", "JOB_NUM_NODES": "1", "NNODES": "1", "NODELIST": "127.0.0.1"}
+    port = str(_free_port())  # else Lightning derives one from the job id, which a machine's other tests may share
+    envs = [_process_env(**{f"SLURM_{k}": v for k, v in {**task, "PROCID": str(rank), "LOCALID": str(rank)}.items()},
+                         MASTER_ADDR="127.0.0.1", MASTER_PORT=port) for rank in (0, 1)]
+    (code0, output0), (code1, output1) = _train_processes(envs, _ddp_overrides(tiny_root, tmp_path), tmp_path)
+    assert code0 == code1 == 0, (output0[-3000:], output1[-3000:])
+    for output in (output0, output1):
+        assert "trainer.num_nodes=1, trainer.devices=2" in output, output[-3000:]
+    assert "best val/sketch_hit@5" in output0 and "best val/sketch_hit@5" not in output1  # rank 0 reports
+    _check_two_rank_run(output0 + output1, tmp_path)
+
+
 # ------------------------------------------------------------------------------ real Slurm
 
 def _wait_for(what: str, ready: Callable[[], bool], timeout_s: float, slurm_cluster: SlurmCluster, job: str,
@@ -220,3 +318,20 @@ def test_sbatch_training_is_signalled_requeued_and_resumed(slurm_cluster, tiny_r
     meta = json.loads((exported / META_FILE).read_text())
     assert meta["steps"] == total and meta["lightning_checkpoint"].startswith(str(run / "checkpoints" / "best-"))
     assert re.search(rf"best val/sketch_hit@5 \S+ \(untrained \S+\) -> {re.escape(str(exported))}", output)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_sbatch_training_over_two_tasks(slurm_cluster, tiny_root, tmp_path, request):
+    """slurm/train.sbatch with ``--ntasks-per-node=2`` and no GPU: srun starts two tasks, which
+    train as two DDP ranks (gloo), sized by the allocation."""
+    job = slurm_cluster.sbatch([f"--output={tmp_path}/slurm-%x-%j.out", f"--export=ALL,CBR2_PYTHON={sys.executable}",
+                                "--ntasks-per-node=2", "--gpus-per-node=0", "slurm/train.sbatch",
+                                *_ddp_overrides(tiny_root, tmp_path)], cwd=ROOT)
+    request.addfinalizer(lambda: _cancel(slurm_cluster, job))
+    states = slurm_cluster.wait(job, timeout_s=300)
+    log = tmp_path / f"slurm-cbr2-train-{job}.out"
+    output = log.read_text(errors="replace") if log.exists() else "(no output)"
+    assert states == {job: "COMPLETED"}, output[-4000:]
+    assert output.count("trainer.num_nodes=1, trainer.devices=2") == 2, output[-4000:]  # each task sized by the job
+    _check_two_rank_run(output, tmp_path)

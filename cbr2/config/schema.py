@@ -386,7 +386,7 @@ class StructuralTrainConfig:
 
 
 def _default_trainer() -> dict[str, Any]:
-    return {"max_epochs": 2, "accelerator": "auto", "devices": "auto", "precision": "32-true",
+    return {"max_epochs": 2, "accelerator": "auto", "devices": "auto", "precision": "auto",
             "log_every_n_steps": 10}
 
 
@@ -398,7 +398,11 @@ class TrainConfig:
     structural: StructuralTrainConfig = field(default_factory=StructuralTrainConfig)
     trainer: dict[str, Any] = field(default_factory=_default_trainer)
     """Keyword arguments of ``lightning.Trainer`` (``trainer.max_steps=40``, ``trainer.devices=4``,
-    ``trainer.strategy=ddp``, ``trainer.precision=bf16-mixed`` ...)."""
+    ``trainer.strategy=ddp`` ...), and one value Lightning does not have: ``trainer.precision=auto``
+    trains in ``bf16-mixed`` on CUDA GPUs with bfloat16 (A100, H100, L4 ...), ``16-mixed`` on older
+    CUDA GPUs (V100, T4) and ``32-true`` on CPUs (``cbr2.structural.train.resolve_precision``); any
+    of Lightning's values (``32-true``, ``bf16-mixed`` ...) is used as given. The precision that
+    trains is part of the run id and recorded in the run's ``config.yaml`` and the export's metadata."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     seed: int = 0
     """Seeds Python, NumPy, torch and the pair sampler."""

@@ -5,6 +5,9 @@ A run's id hashes what determines its result (``data``, ``structural``, ``seed``
 command reuses the same run folder and resumes from its newest checkpoint, while a run with
 another budget gets a folder and an export of its own; where it runs (``trainer.devices``,
 ``num_nodes``, ``strategy`` ...) can change between attempts (``RUN_INDEPENDENT_TRAINER_KEYS``).
+``trainer.precision=auto`` (the default) is resolved first, for the hardware the run trains on
+(``resolve_precision``), so the id, the run's ``config.yaml`` and the export hold the precision
+that trained.
 
 Under SLURM (``slurm/train.sbatch``) Lightning's ``SLURMEnvironment`` does the distribution: one
 DDP process per task, sized here from the allocation. Before the time limit SLURM sends SIGUSR1;
@@ -20,6 +23,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cbr2.common import slurm
 from cbr2.common.console import progress, route_library_loggers
+from cbr2.common.devices import GPU_ACCELERATORS
 from cbr2.common.provenance import git_hash
 from cbr2.common.tracking import announce, wandb_mode
 from cbr2.config import ConfigError
@@ -47,6 +52,8 @@ MONITOR = "val/sketch_hit@5"
 _RESERVED = ("logger", "callbacks", "default_root_dir")  # train() sets these Trainer arguments itself
 _HPC_CKPT = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
 """What Lightning names the checkpoint it saves on SLURM's requeue signal (in ``default_root_dir``)."""
+PRECISION_AUTO = "auto"
+"""The ``trainer.precision`` that ``resolve_precision`` replaces (Lightning has no such value)."""
 
 
 RUN_INDEPENDENT_TRAINER_KEYS = frozenset({
@@ -73,6 +80,9 @@ def run_id(cfg: DictConfig) -> str:
 
     Runs that train differently (a 40-step run and a default one, say) get their own run folder
     and export; attempts of one run on other hardware share them, so a requeued job resumes.
+    ``train`` hashes the precision ``resolve_precision`` chose: ``auto`` on CPUs hashes as
+    ``32-true``, the default before ``auto``, so those runs keep their id and resume; an attempt
+    on GPUs that train in another precision is another run.
     """
     full = OmegaConf.to_container(cfg, resolve=True)
     identity = {key: full[key] for key in ("data", "structural", "seed")}
@@ -124,6 +134,54 @@ class LineProgress(Callback):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def auto_precision(trainer: Mapping[str, Any]) -> tuple[str, str]:
+    """The precision ``trainer.precision=auto`` trains in with these ``trainer.*`` settings on
+    this machine, and why, in a few words.
+
+    ``bf16-mixed`` when the run trains on CUDA GPUs (``trainer.accelerator`` ``auto``, ``gpu`` or
+    ``cuda`` with CUDA visible) that compute in bfloat16, ``16-mixed`` on older CUDA GPUs, else
+    ``32-true`` (CPUs, Apple's MPS).
+
+    Raises:
+        ConfigError: When the run would train on CUDA GPUs in processes forked from this one
+            (``trainer.strategy=ddp_fork``, ``ddp_notebook``): asking CUDA about bfloat16 initialises
+            it here, and Lightning cannot fork a process that has.
+    """
+    accelerator = str(trainer.get("accelerator", "auto")).lower()
+    if accelerator not in ("auto", *GPU_ACCELERATORS) or not torch.cuda.is_available():
+        return "32-true", "no CUDA GPU trains this run"
+    strategy = str(trainer.get("strategy", ""))
+    if "fork" in strategy or "notebook" in strategy:
+        raise ConfigError(f"trainer.precision=auto asks CUDA about bfloat16, after which trainer.strategy={strategy} "
+                          "cannot fork; set trainer.precision=bf16-mixed (A100, H100 ...), 16-mixed (V100, T4) or 32-true")
+    # Without including_emulation=False torch also says yes where bfloat16 is only emulated, and
+    # slow (compute capability 7.x: V100, T4).
+    if torch.cuda.is_bf16_supported(including_emulation=False):
+        return "bf16-mixed", "CUDA GPUs with bfloat16"
+    # V100s and T4s have float16 tensor cores but no bfloat16: float16 autocast, with the loss
+    # scaling Lightning's 16-mixed adds against float16's narrow range.
+    return "16-mixed", "CUDA GPUs without bfloat16"
+
+
+def resolve_precision(cfg: DictConfig) -> DictConfig:
+    """``cfg`` with ``trainer.precision=auto`` replaced by ``auto_precision``'s choice, which is
+    logged in one line (as is a precision given explicitly, which is kept).
+
+    Returns:
+        A new config when ``auto`` was replaced, else ``cfg`` itself.
+
+    Raises:
+        ConfigError: As ``auto_precision``.
+    """
+    given = cfg.trainer.get("precision")
+    if given != PRECISION_AUTO:
+        log.info("precision %s (trainer.precision as given)", given)
+        return cfg
+    chosen, why = auto_precision(cfg.trainer)
+    log.info("precision %s (trainer.precision=auto: %s)", chosen, why)
+    return OmegaConf.merge(cfg, {"trainer": {"precision": chosen}})
 
 
 def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
@@ -264,7 +322,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     """Train the structural retriever and export its best checkpoint.
 
     Validates the untrained backbone first (the baseline), fits with
-    ``lightning.Trainer(**cfg.trainer)`` (in a SLURM job sized by ``slurm_sizing``; resuming
+    ``lightning.Trainer(**cfg.trainer)`` (``trainer.precision=auto`` resolved by
+    ``resolve_precision``; in a SLURM job sized by ``slurm_sizing``; resuming
     from the newer of the run's ``last.ckpt`` and SLURM requeue checkpoint, see
     ``resume_checkpoint``), then exports the weights with the best ``val/sketch_hit@5``. Only
     global rank zero exports.
@@ -280,11 +339,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         call, all ranks together).
 
     Raises:
-        ConfigError: On an unknown ``trainer.*`` key, a reserved one, or a bad ``wandb.mode``.
+        ConfigError: On an unknown ``trainer.*`` key, a reserved one, a bad ``wandb.mode``, or
+            ``trainer.precision=auto`` with a fork-started strategy on CUDA GPUs.
         ValueError: On data that cannot make training and validation pairs.
     """
     started = time.perf_counter()
     L.seed_everything(cfg.seed, workers=True)
+    # Before the id: it, config.yaml, the loggers' hyperparameters and the export's metadata all
+    # hold the precision that trains.
+    cfg = resolve_precision(cfg)
     rid = run_id(cfg)
     out = Path(cfg.output_dir) if cfg.output_dir else Path("outputs") / "train" / cfg.data.name / rid
     s = cfg.structural
