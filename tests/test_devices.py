@@ -10,6 +10,7 @@ import torch
 
 import evaluate
 import train
+from cbr2.common import devices
 from cbr2.common.devices import Devices, check_devices, probe, wants_gpu
 from cbr2.common.errors import SetupError
 from cbr2.config import Config, TrainConfig, compose
@@ -27,11 +28,13 @@ def no_cuda(monkeypatch):
 
 @pytest.fixture
 def one_gpu(monkeypatch):
-    """One CUDA GPU and FAISS's GPU build seeing it: the positive path, which this machine cannot show."""
+    """One CUDA GPU and FAISS's GPU build seeing it and searching there (its test search passes):
+    the positive path, which this machine cannot show (tests/test_faiss_gpu_probe.py fakes the probe's failures)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(faiss, "StandardGpuResources", object, raising=False)
     monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1)
+    monkeypatch.setattr(devices, "faiss_gpu_problem", lambda: None)
 
 
 def _cfg(*overrides):
@@ -110,3 +113,21 @@ def test_train_stops_before_reading_the_data(no_cuda, tmp_path, capsys):
     code = train.main(["trainer.accelerator=gpu", "data.name=kqapro", f"data.root={tmp_path / 'nothing'}"])
     assert code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: trainer.accelerator=gpu asks for a GPU")
+
+
+def test_a_faiss_that_cannot_search_on_its_gpu_stops_cuda_and_warns_auto_once(caplog):
+    problem = ("FAISS (faiss-gpu-cu12 1.14.1) cannot search on GPU 0 (NVIDIA H100 80GB HBM3, compute capability 9.0): "
+               "CUDA error 209 no kernel image is available for execution on the device")
+    broken = Devices(1, "gpu", 1, "2.14.0", False, faiss_problem=problem)
+    with pytest.raises(SetupError, match=r"^retrieval.device=cuda: FAISS \(faiss-gpu-cu12 1.14.1\) cannot search on "
+                                         r"GPU 0 .*9.0.*faiss-gpu-cu12-cuvs .*faiss-gpu-cu13-cuvs") as err:
+        check_devices(_cfg("retrieval.device=cuda"), dev=broken)
+    assert "\n" not in str(err.value)
+    devices.faiss_cpu_fallback.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="cbr2.common.devices"):
+        check_devices(_cfg(), dev=broken)
+        check_devices(_cfg(), dev=broken)  # a sweep task's second run in the same process: said once
+        check_devices(_cfg("retrieval.device=cpu"), dev=broken)  # no GPU retrieval: nothing to say
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith(f"retrieval: {problem}; the FAISS indexes stay on the CPU")
+    devices.faiss_cpu_fallback.cache_clear()

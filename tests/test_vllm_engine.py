@@ -5,6 +5,12 @@ One engine serves the packaged Qwen2.5-Coder-0.5B (fp32, converted once from its
 agreement and constrained tests of this module; the tiny random Qwen3 model gets its own
 eager engine. Engines start one at a time: each takes several GB.
 
+On a GPU, the engine shares it with what the tests put there after it starts: the retrieval of
+the prompts (encoders, FAISS indexes) and the ``hf`` backend's fp32 copy of the same model. So it
+starts with the share a run computes (``memory_share``: what retrieval of that configuration
+holds, ``cbr2.retrieval.gpu_memory.retrieval_beside``) less that copy, not vLLM's 0.9 (``_engine_share``). The CPU build
+sizes its KV cache in host memory instead (``cpu_engine_kwargs``) and has no share.
+
 Agreement with the ``hf`` backend on the same fp32 weights: greedy decoding on two engines with
 different kernels (vLLM's oneDNN/its own attention, transformers' torch ops) computes the same
 logits up to float rounding, which grows through 24 layers over ~2,500 prompt tokens. Greedy
@@ -30,6 +36,39 @@ MODEL = "qwen2.5-coder-0.5b"
 N_PROMPTS = 4
 TIE_LOGITS = 0.05
 """Widest gap between hf's logits of the two engines' tokens at a point where they part."""
+HF_ACTIVATIONS = 4 * 2**30
+"""What the agreement test's ``hf`` model needs on the GPU beyond its fp32 weights: the logits of a
+whole prompt (about 2,600 tokens x 151,936 vocabulary x 4 bytes = 1.5 GiB) and its forward pass."""
+
+
+def _engine_share(hf_beside: bool) -> float | None:
+    """``llm.gpu_memory_utilization`` of this module's engines on a GPU; None without CUDA.
+
+    The share a run computes (``cbr2.llm.vllm.memory_share``), leaving what retrieval of the
+    prompts' configuration holds (``retrieval_beside``) and, with ``hf_beside``, the ``hf``
+    backend's fp32 copy of the model with its activations.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from cbr2.config import compose
+    from cbr2.data.benchmarks import Benchmark
+    from cbr2.llm import smoke
+    from cbr2.llm.vllm import VLLMBackend, memory_share
+    from cbr2.retrieval.gpu_memory import retrieval_beside
+
+    cfg = compose(ablation="full", overrides=["wandb.mode=disabled"])
+    # The prompts' retriever is gone when the engines start (the fixture keeps only its prompts).
+    beside = retrieval_beside(Benchmark(cfg.data.name), cfg.retrieval, smoke.structural_encoder(cfg), False,
+                              indexes_resident=False)
+    hf = smoke.parameters(smoke.model_config(VLLMBackend(_llm_cfg()).folder())) * 4 + HF_ACTIVATIONS \
+        if hf_beside else 0
+    free, total = torch.cuda.mem_get_info()
+    share = memory_share(free, total, beside.total + hf)
+    print(f"engine share {share} of {total / 2**30:.1f} GiB ({free / 2**30:.1f} free): beside it "
+          f"{beside.describe()}; hf {hf / 2**30:.1f} GiB")
+    return share
 
 
 def _llm_cfg(**overrides):
@@ -75,7 +114,8 @@ def qwen():
     _needs_packaged()
     from cbr2.llm.vllm import VLLMBackend
 
-    backend = VLLMBackend(_llm_cfg(dtype="float32"))  # hf's auto is bf16 on a GPU: fp32 on both
+    # hf's auto is bf16 on a GPU: fp32 on both.
+    backend = VLLMBackend(_llm_cfg(dtype="float32", gpu_memory_utilization=_engine_share(hf_beside=True)))
     backend.engine()
     yield backend
     _shut_down(backend)
@@ -161,7 +201,8 @@ def test_a_tiny_qwen3_model_in_chat_mode(tmp_path, qwen):
     Qwen3ForCausalLM(config).save_pretrained(folder)
     tok.save_pretrained(folder)
 
-    backend = VLLMBackend(_llm_cfg(model=str(folder), max_new_tokens=12, stop=[]))
+    backend = VLLMBackend(_llm_cfg(model=str(folder), max_new_tokens=12, stop=[],
+                                   gpu_memory_utilization=_engine_share(hf_beside=False)))
     assert backend.uses_chat
     prompts = [Prompt("a", "Answer in one word.", "What colour is the sky?"),
                Prompt("b", "Answer in one word.", "What is the capital of France?")]

@@ -92,7 +92,7 @@ def check_capabilities(cfg: Any) -> None:
 
 
 def make_backend(section: Any, questions: Sequence[Question] = (), grammar: ProgramGrammar | None = None,
-                 program_format: str = "dag") -> Backend:
+                 program_format: str = "dag", gpu_reserve_bytes: int = 0) -> Backend:
     """The configured backend, built but not loaded (weights load on the first ``generate``).
 
     Args:
@@ -101,6 +101,8 @@ def make_backend(section: Any, questions: Sequence[Question] = (), grammar: Prog
         grammar: Decode under this grammar (``generation.constrained``); every backend but
             ``gold``, which writes gold programs, decodes under it (``capabilities``).
         program_format: ``prompt.format``, the form the ``gold`` writer writes programs in.
+        gpu_reserve_bytes: What the rest of the process holds on the GPU beside an engine that
+            takes a share of it at start (``shares_gpu``: vLLM); ``cbr2.retrieval.gpu_memory``.
 
     Raises:
         ConfigError: For an unknown ``llm.backend``.
@@ -108,4 +110,7 @@ def make_backend(section: Any, questions: Sequence[Question] = (), grammar: Prog
     cls = backend_class(section.backend)
     if section.backend == "gold":
         return cls(program_format, {q.qid: q.program for q in questions})
-    return cls(section, grammar=grammar) if grammar is not None else cls(section)
+    kwargs: dict[str, Any] = {"grammar": grammar} if grammar is not None else {}
+    if getattr(cls, "shares_gpu", False):
+        kwargs["reserve_bytes"] = gpu_reserve_bytes
+    return cls(section, **kwargs)

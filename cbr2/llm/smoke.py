@@ -12,20 +12,25 @@ what needs no GPU (so a login node or a CPU machine gets this far):
    loaded as the run loads it (KB and questions);
 3. the structural retriever for that data: ``structural.checkpoint``, or the newest one trained
    on ``data.name`` in ``structural.checkpoints_dir`` (the embedded benchmarks train one on demand);
-4. the weights are here: the configuration's ``llm.model`` and ``retrieval.encoder`` (a folder,
-   or in the Hugging Face cache; with the hub reachable a missing model is only announced, it
-   downloads on first use), and the packaged Qwen2.5-Coder-0.5B of the test tier.
+4. the weights are here: every model the configuration names, ``llm.model``, ``retrieval.encoder``
+   and the structural retriever (a folder, a packaged copy, or in the Hugging Face cache), and the
+   packaged Qwen2.5-Coder-0.5B of the test tier. Compute nodes often reach no hub, so a missing
+   model fails with how to stage it (docs/cluster.md, "Staging weights"); ``--allow-download``
+   accepts one that downloads on first use where the hub is reachable.
 
 Then what needs the GPU node:
 
 5. CUDA is visible to torch (a GPU allocated: ``--gpus`` / ``--gres``);
 6. vLLM imports and its version meets the project's ``vllm`` extra (pyproject.toml);
-7. FAISS is the GPU build and sees the GPUs (unless ``retrieval.device=cpu``);
+7. FAISS is the GPU build, sees the GPUs and returns the CPU's results in a test search on each
+   (``cbr2.common.devices.faiss_gpu_problem``; unless ``retrieval.device=cpu``);
 8. free GPU memory holds the model's weights and one ``llm.max_model_len`` sequence of KV cache
-   at ``llm.gpu_memory_utilization`` (the check vLLM makes at start, minutes later).
+   at ``llm.gpu_memory_utilization`` (the check vLLM makes at start, minutes later), beside what
+   retrieval holds on the same GPU: the encoders and the FAISS indexes over the KB triples and
+   training questions of ``data.name`` (``cbr2.retrieval.gpu_memory``).
 
 Then it runs the ``vllm`` test tier (``pytest -m vllm``: the real engine against the ``hf``
-backend, constrained decoding, a killed and resumed ``evaluate.py``, a tiny Qwen3) and
+backend, constrained decoding, a cut, killed and resumed ``evaluate.py``, a tiny Qwen3) and
 ``evaluate.py --config configs/paper.yaml eval.limit=N`` into ``outputs/smoke-gpu``. The first GPU
 hour is then not spent finding a missing driver, a wrong vLLM or absent weights.
 """
@@ -41,7 +46,10 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cbr2.retrieval.gpu_memory import RetrievalMemory
 
 ROOT = Path(__file__).resolve().parents[2]
 TIER = "tests/test_vllm_*.py"
@@ -92,8 +100,15 @@ def check_vllm(requirement: str) -> str:
     return f"vLLM {vllm.__version__}"
 
 
-def check_weights(name: str, what: str) -> str:
-    """Where the weights of ``name`` are; SmokeError when they are missing and cannot be fetched."""
+def check_weights(name: str, what: str, allow_download: bool = False) -> str:
+    """Where the weights of ``name`` are; SmokeError when they are not here.
+
+    Args:
+        name: A packaged short name or hub id, a hub id, or a folder.
+        what: The setting that names it (``llm.model`` ...), for the message.
+        allow_download: Accept a hub id that is not cached yet where the hub is reachable
+            (``--allow-download``): it downloads on first use.
+    """
     from cbr2.llm.hf_convert import looks_local
     from cbr2.llm.packaged import PACKAGED, chunk_paths
     from cbr2.retrieval.encoders import PACKAGED as PACKAGED_ENCODERS
@@ -111,14 +126,20 @@ def check_weights(name: str, what: str) -> str:
         if not (Path(name).expanduser() / "config.json").is_file():
             raise SmokeError(f"{what} {name}: no config.json in that folder")
         return f"{what} {name}: folder"
-    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub import constants, try_to_load_from_cache
 
     if isinstance(try_to_load_from_cache(name, "config.json"), str):
         return f"{what} {name}: in the Hugging Face cache"
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
-        raise SmokeError(f"{what} {name} is not in the Hugging Face cache and HF_HUB_OFFLINE is set: fetch it "
-                         f"where the hub is reachable (huggingface-cli download {name}) or name a local folder")
-    return f"{what} {name}: not cached yet, downloads on first use"
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
+    if allow_download and not offline:
+        return f"{what} {name}: not cached yet, downloads on first use (--allow-download)"
+    why = ("HF_HUB_OFFLINE is set" if offline
+           else "compute nodes often reach no hub: --allow-download lets it download on first use where this one does")
+    raise SmokeError(f"{what} {name} is not here: no such folder, and not in the Hugging Face cache "
+                     f"{constants.HF_HUB_CACHE} ({why}). Stage it on a machine with internet into the shared cache this "
+                     f"node reads: HF_HOME={constants.HF_HOME} hf download {name} (huggingface-cli download with an "
+                     f"older huggingface_hub), or set {what.split()[0]}=/path/to/a/folder (docs/cluster.md, "
+                     "'Staging weights')")
 
 
 def check_pytest() -> str:
@@ -151,21 +172,26 @@ def check_data(cfg: Any) -> str:
     return f"{where}: {len(questions)} {split} questions, a KB of {len(kb.entities)} entities"
 
 
-def check_structural(cfg: Any) -> str:
-    """Where the structural retriever of ``data.name`` is; SmokeError when there is none and none is trained on demand."""
+def check_structural(cfg: Any, allow_download: bool = False) -> str:
+    """Where the structural retriever of ``data.name`` is; SmokeError when there is none and none is
+    trained on demand, or when what it is trained from is not here."""
+    from cbr2.config.schema import StructuralTrainConfig
     from cbr2.structural.checkpoints import find_checkpoint
 
     if cfg.retrieval.cases not in ("dual", "structural"):
         return f"structural retriever: not used (retrieval.cases={cfg.retrieval.cases})"
     if cfg.structural.checkpoint:
-        return check_weights(str(cfg.structural.checkpoint), "structural.checkpoint")
+        return check_weights(str(cfg.structural.checkpoint), "structural.checkpoint", allow_download)
     found = find_checkpoint(cfg.structural.checkpoints_dir, cfg.data.name)
     if found is None and cfg.data.name.endswith("metaqa"):  # the paper reuses the KQA Pro retriever
         found = find_checkpoint(cfg.structural.checkpoints_dir, cfg.data.name.replace("metaqa", "kqapro"))
     if found is not None:
         return f"structural retriever: {found}"
     if cfg.data.name.startswith("mini-"):
-        return f"structural retriever: none for {cfg.data.name} yet; the first run trains one (about a minute)"
+        backbone = check_weights(StructuralTrainConfig().backbone, "structural.checkpoint unset: its backbone",
+                                 allow_download)
+        return (f"structural retriever: none for {cfg.data.name} yet; the first run trains one (about a minute) "
+                f"from {backbone.split(': ', 1)[1]}")
     root = f" data.root={cfg.data.root}" if cfg.data.root else " data.root=DIR"
     raise SmokeError(f"no structural retriever for {cfg.data.name} in {cfg.structural.checkpoints_dir}/: run "
                      f"sbatch slurm/train.sbatch data.name={cfg.data.name}{root} (or python train.py ...), "
@@ -173,27 +199,35 @@ def check_structural(cfg: Any) -> str:
 
 
 def check_faiss_gpus(device: str) -> str:
-    """FAISS's build and GPUs; SmokeError when GPU retrieval is possible but FAISS cannot do it."""
-    from cbr2.common.devices import probe
+    """FAISS's build and GPUs; SmokeError when GPU retrieval is possible but FAISS cannot do it: the
+    CPU build, no GPU seen, or a test search on a GPU that fails or differs from the CPU's (the
+    probe a run makes at start, ``cbr2.common.devices.faiss_gpu_problem``)."""
+    from cbr2.common.devices import FAISS_GPU_WHEELS, probe
 
-    dev = probe()
     if device == "cpu":
-        return f"FAISS {dev.faiss_build} build (retrieval.device=cpu)"
+        return f"FAISS {probe().faiss_build} build (retrieval.device=cpu)"
+    dev = probe(faiss_search=True)
     if dev.faiss_gpus == 0:
         why = "is the CPU build" if dev.faiss_build == "cpu" else "is the GPU build but sees no GPU"
         raise SmokeError(f"FAISS {why}: indexes would stay on the CPU. Run make install-gpu (faiss-gpu-cu12 without "
                          "faiss-cpu), or set retrieval.device=cpu to search on the CPU")
-    return f"FAISS GPU build, {dev.faiss_gpus} GPU(s)"
+    if dev.faiss_problem:
+        raise SmokeError(f"{dev.faiss_problem}: install {FAISS_GPU_WHEELS}, in place of the one installed, or set "
+                         "retrieval.device=cpu to search on the CPU (retrieval.device=auto does so by itself, "
+                         "with a warning)")
+    return f"FAISS GPU build, {dev.faiss_gpus} GPU(s), a test search on each returns the CPU's results"
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """What one GPU must hold for vLLM to start: weights and one full-length sequence of KV cache."""
+    """What one GPU must hold for vLLM to start, weights and one full-length sequence of KV cache,
+    and what retrieval holds beside the engine (``retrieval``: encoders, indexes, FAISS scratch)."""
 
     weights: int
     kv_per_token: int
     max_model_len: int
     reserve: int = ACTIVATION_RESERVE
+    retrieval: RetrievalMemory | None = None
 
     @property
     def kv(self) -> int:
@@ -235,16 +269,17 @@ def parameters(config: dict[str, Any]) -> int:
 
 
 def memory_plan(config: dict[str, Any], max_model_len: int | None, dtype: str = "auto",
-                tensor_parallel: int = 1) -> MemoryPlan:
+                tensor_parallel: int = 1, retrieval: RetrievalMemory | None = None) -> MemoryPlan:
     """Per GPU: the weights, and the KV cache per token as the vLLM backend sizes it
     (``cbr2.llm.vllm.kv_bytes_per_token``: K and V of every layer's KV heads), both split over
-    ``tensor_parallel`` GPUs.
+    ``tensor_parallel`` GPUs; and what retrieval holds beside them.
 
     Args:
         config: The model's ``config.json``.
         max_model_len: ``llm.max_model_len``; the model's ``max_position_embeddings`` when None.
         dtype: ``llm.dtype``; ``auto`` is the model's bfloat16 on a GPU (2 bytes), ``float32`` 4.
         tensor_parallel: GPUs the model is split across.
+        retrieval: ``cbr2.retrieval.gpu_memory.retrieval_beside`` of the run's configuration.
     """
     from types import SimpleNamespace
 
@@ -255,50 +290,87 @@ def memory_plan(config: dict[str, Any], max_model_len: int | None, dtype: str = 
     length = max_model_len or text.get("max_position_embeddings") or 0
     return MemoryPlan(weights=parameters(text) * width // tensor_parallel,
                       kv_per_token=kv_bytes_per_token(SimpleNamespace(**text), dtype) // tensor_parallel,
-                      max_model_len=int(length))
+                      max_model_len=int(length), retrieval=retrieval)
 
 
 def fits(plan: MemoryPlan, free: int, total: int, utilization: float) -> str | None:
-    """None when vLLM can start with ``plan`` on a GPU with ``free`` of ``total`` bytes; else why not."""
+    """None when vLLM can start with ``plan`` on a GPU with ``free`` of ``total`` bytes, taking
+    ``utilization`` of it, and retrieval keeps what it holds beside the engine; else why not."""
     budget = utilization * total
+    beside = plan.retrieval.total if plan.retrieval is not None else 0
     if budget > free:
         return (f"vLLM takes llm.gpu_memory_utilization={utilization} of the GPU's {total / GIB:.1f} GiB, "
                 f"{budget / GIB:.1f} GiB, but only {free / GIB:.1f} GiB are free: another process holds the GPU, "
                 f"or lower llm.gpu_memory_utilization")
+    if budget + beside > total:
+        return (f"llm.gpu_memory_utilization={utilization} of {total / GIB:.1f} GiB leaves {(total - budget) / GIB:.1f} "
+                f"GiB beside the engine, but {plan.retrieval.describe()}: set llm.gpu_memory_utilization="
+                f"{int(100 * (1 - beside / total)) / 100} at most, or leave it unset (then the engine's share leaves it)")
     if plan.need > budget:
         tokens = int((budget - plan.weights - plan.reserve) // plan.kv_per_token)
         hint = f"llm.max_model_len={tokens} at most" if tokens > 0 else "a smaller llm.model or more GPUs"
+        if plan.retrieval is not None and plan.retrieval.index_bytes:
+            hint += ", retrieval.index=hnsw (the large indexes stay on the CPU)"
+        why = f", leaving {plan.retrieval.describe()}" if beside else ""
         return (f"weights {plan.weights / GIB:.1f} GiB + KV cache of one {plan.max_model_len}-token sequence "
                 f"{plan.kv / GIB:.1f} GiB + {plan.reserve / GIB:.0f} GiB reserve = {plan.need / GIB:.1f} GiB > "
-                f"{budget / GIB:.1f} GiB ({utilization} of {total / GIB:.1f} GiB): set {hint}, "
+                f"{budget / GIB:.1f} GiB ({utilization} of {total / GIB:.1f} GiB{why}): set {hint}, "
                 "or llm.tensor_parallel_size=2 on two GPUs")
     return None
 
 
+def structural_encoder(cfg: Any) -> str:
+    """The structural retriever a run of ``cfg`` will load, to size it: ``structural.checkpoint``,
+    else the newest trained on ``data.name`` (MetaQA: on KQA Pro), else the backbone one is trained
+    from on demand (the same size)."""
+    from cbr2.config.schema import StructuralTrainConfig
+    from cbr2.structural.checkpoints import find_checkpoint
+
+    if cfg.structural.checkpoint:
+        return str(cfg.structural.checkpoint)
+    for name in (cfg.data.name, cfg.data.name.replace("metaqa", "kqapro")):
+        found = find_checkpoint(cfg.structural.checkpoints_dir, name)
+        if found is not None:
+            return str(found)
+    return StructuralTrainConfig().backbone
+
+
 def check_gpu_memory(cfg: Any) -> str:
-    """Free memory of each visible GPU against the model and ``llm.max_model_len``."""
+    """Free memory of each visible GPU against the model and ``llm.max_model_len``, beside what
+    retrieval of ``data.name`` holds on the same GPU."""
     import torch
 
+    from cbr2.common.errors import SetupError
     from cbr2.common.slurm import visible_gpus
-    from cbr2.llm.vllm import MEMORY_SHARE, model_name, tensor_parallel_size
+    from cbr2.data.benchmarks import Benchmark
+    from cbr2.llm.vllm import memory_share, model_name, tensor_parallel_size
+    from cbr2.retrieval.gpu_memory import retrieval_beside
 
     name = model_name(cfg.llm)
     config = model_config(name)
     if config is None:
         return f"GPU memory: not checked, no config.json of {name} here yet (it downloads on first use)"
+    try:
+        # As the smoke's evaluation holds it: its indexes are freed before the engine starts.
+        beside = retrieval_beside(Benchmark(cfg.data.name, cfg.data.root), cfg.retrieval, structural_encoder(cfg),
+                                  cfg.generation.canonicalize, indexes_resident=False)
+    except SetupError as err:  # an encoder not here yet: only with --allow-download
+        return f"GPU memory: not checked, {err}"
     gpus = torch.cuda.device_count()
     tp = cfg.llm.tensor_parallel_size or tensor_parallel_size(visible_gpus() or gpus)
-    plan = memory_plan(config, cfg.llm.max_model_len, str(cfg.llm.dtype), tp)
-    # Unset, the backend asks for vLLM's share or what is free then (the encoder may hold some): at
-    # the start of a run, before the encoder, that is vLLM's share.
-    utilization = cfg.llm.gpu_memory_utilization or MEMORY_SHARE
+    plan = memory_plan(config, cfg.llm.max_model_len, str(cfg.llm.dtype), tp, beside)
+    shares = []
     for i in range(min(tp, gpus)):
         free, total = torch.cuda.mem_get_info(i)
+        # Unset, the backend computes the share as here: vLLM's 0.9, less what retrieval holds.
+        utilization = cfg.llm.gpu_memory_utilization or memory_share(free, total, beside.total)
         why = fits(plan, free, total, utilization)
         if why:
             raise SmokeError(f"GPU {i}: {why}")
+        shares.append(f"{100 * utilization:.0f}% of {total / GIB:.1f} GiB")
     return (f"GPU memory: {name} needs {plan.need / GIB:.1f} GiB per GPU (weights {plan.weights / GIB:.1f}, "
-            f"KV of {plan.max_model_len} tokens {plan.kv / GIB:.1f}, reserve {plan.reserve / GIB:.0f}) on {tp} GPU(s)")
+            f"KV of {plan.max_model_len} tokens {plan.kv / GIB:.1f}, reserve {plan.reserve / GIB:.0f}) on {tp} GPU(s), "
+            f"within {', '.join(shares)}; beside it {beside.describe()}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=str(CONFIG_DIR / "paper.yaml"), help="the run's configuration")
     parser.add_argument("--questions", type=int, default=9, help="questions of the evaluation run")
     parser.add_argument("--no-tier", action="store_true", help="skip the vllm test tier")
+    parser.add_argument("--allow-download", action="store_true",
+                        help="accept models not here yet that download on first use (the node reaches the hub)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the evaluation run")
     args = parser.parse_args(argv)
     cfg = compose(files=[args.config], overrides=args.overrides)
@@ -316,9 +390,9 @@ def main(argv: list[str] | None = None) -> int:
         # What needs no GPU: a login node or a CPU machine gets this far.
         *([] if args.no_tier else [check_pytest]),
         lambda: check_data(cfg),
-        lambda: check_structural(cfg),
-        lambda: check_weights(str(cfg.llm.model), "llm.model"),
-        lambda: check_weights(str(cfg.retrieval.encoder), "retrieval.encoder"),
+        lambda: check_structural(cfg, args.allow_download),
+        lambda: check_weights(str(cfg.llm.model), "llm.model", args.allow_download),
+        lambda: check_weights(str(cfg.retrieval.encoder), "retrieval.encoder", args.allow_download),
         lambda: check_weights(DEFAULT_MODEL, "the test tier's model"),
         # The GPU node's.
         check_cuda,

