@@ -65,7 +65,7 @@ def test_official_metaqa_layout(tmp_path):
 
 
 def test_config_errors_are_clear(tmp_path):
-    with pytest.raises(ConfigError, match=r"unknown key 'data\.nmae' \(did you mean data\.name\?\)"):
+    with pytest.raises(ConfigError, match=r"unknown key 'data\.nmae' \(did you mean data\.name[ ?]"):
         load_config(["data.nmae=x"])
     with pytest.raises(ConfigError, match="eval.limit"):
         load_config(["eval.limit=many"])

@@ -9,7 +9,8 @@ Every key's valid values are declared once, on its field in the schema (``cbr2.c
   ``choice_problem`` words it;
 * a number's range is its field's ``bounded(default, low, high)`` (``cbr2.config.fields``);
 * a name of a registry the code extends (``data.name``, ``llm.backend``) is checked here against
-  that registry (``REGISTERED``), imported when checked; ``data.split`` depends on ``data.name``.
+  that registry (``REGISTERED``), imported when checked; ``data.split``, ``data.kb`` and
+  ``data.cases`` depend on ``data.name``.
 
 Every bad value of a configuration is named at once, before any data, model or W&B run is loaded.
 """
@@ -78,7 +79,7 @@ def choice_problem(err: OmegaConfBaseException) -> str | None:
 
 def problems(cfg: DictConfig) -> list[str]:
     """What the schema's types cannot reject, one line each (empty when the configuration is fine):
-    registry names, ``data.split``, the fields' ranges.
+    registry names, ``data.split``, ``data.kb`` / ``data.cases``, the fields' ranges.
 
     Raises:
         ConfigError: On a value that cannot be read at all (an interpolation that does not resolve).
@@ -104,12 +105,36 @@ def problems(cfg: DictConfig) -> list[str]:
         if split not in family.splits:
             found.append(f"data.split={split!r} is not a {family.name} split; expected one of "
                          f"{', '.join(family.splits)} (null: {family.eval_split})")
+    found += _custom_data_problems(name, value("data.root"), value("data.kb"), value("data.cases"), missing)
     schema = OmegaConf.get_type(cfg)
     for key, allowed in (ranges(schema) if is_dataclass(schema) else {}).items():
         v = value(key)
         if v is not missing and v is not None and not allowed.accepts(v):
             found.append(f"{key}={v!r}: must be {allowed}")
     return found
+
+
+CUSTOM_DATA_NEEDS = "data.kb=FILE (a triples file or KoPL JSON) and data.cases=FILE (solved cases, YAML)"
+"""What ``data.name=custom`` needs, as every message about it says (``cbr2.data.benchmarks`` too)."""
+
+
+def _custom_data_problems(name: Any, root: Any, kb: Any, cases: Any, missing: object) -> list[str]:
+    """``data.kb`` and ``data.cases``: both given with ``data.name=custom`` (and no ``data.root``),
+    neither with another benchmark, whose files are its folder's."""
+    if kb is missing:  # a schema without them
+        return []
+    given = [key for key, v in (("data.kb", kb), ("data.cases", cases)) if v not in (missing, None, "")]
+    if name == "custom":
+        found = []
+        if len(given) < 2:
+            found.append(f"data.name=custom needs {CUSTOM_DATA_NEEDS}")
+        if root not in (missing, None):
+            found.append(f"data.root={root!r}: data.name=custom does not read it (its files are data.kb and data.cases)")
+        return found
+    if given:
+        return [(f"{' and '.join(given)}: read with data.name=custom only (a KB and cases of your own), not "
+                 f"with data.name={name}; unset {'them' if len(given) > 1 else 'it'} or set data.name=custom")]
+    return []
 
 
 # ------------------------------------------------------------------------------------ merging

@@ -39,11 +39,19 @@ class DataConfig:
     """Which benchmark to read."""
 
     name: str = DEFAULT_DATA
-    """``mini-kqapro``, ``mini-metaqa``, ``kqapro`` or ``metaqa``."""
+    """``mini-kqapro``, ``mini-metaqa``, ``kqapro``, ``metaqa``, or ``custom`` (your own KB and cases:
+    ``data.kb`` and ``data.cases``)."""
     root: str | None = None
-    """Folder in the official layout; the embedded copy for ``mini-*`` when unset."""
+    """Folder in the official layout; the embedded copy for ``mini-*`` when unset (not read by ``custom``)."""
     split: str | None = None
-    """Split to evaluate; the family's default (KQA Pro ``val``, MetaQA ``test``) when unset."""
+    """Split to evaluate; the family's default (KQA Pro ``val``, MetaQA ``test``, ``custom`` its one
+    split, ``train``: the cases, leave-one-out) when unset."""
+    kb: str | None = None
+    """``custom`` only: the KB, a triples file (``subject<TAB>relation<TAB>object`` or
+    ``subject|relation|object`` per line) or KoPL JSON (docs/data.md, "Your own KB and cases")."""
+    cases: str | None = None
+    """``custom`` only: the solved cases, a YAML list of ``question``, ``program`` (DAG text) and
+    optionally ``answer``; the case pool, and the training data of the structural retriever."""
 
 
 def _default_stop() -> list[str]:
@@ -91,8 +99,9 @@ class LLMConfig:
     """``vllm``: GPUs one model is split across; unset: every GPU of the allocation
     (``$CUDA_VISIBLE_DEVICES``, which SLURM sets for ``--gpus``)."""
     gpu_memory_utilization: float | None = bounded(None, 0, 1, open_low=True)
-    """``vllm``: share of each GPU's memory the engine may take; unset: 0.9, or less when the
-    retrieval encoders already hold part of the GPU in this process."""
+    """``vllm``: share of each GPU's memory the engine may take; unset: 0.9, less what retrieval
+    holds on the first GPU beside the engine (``cbr2.retrieval.gpu_memory``), and at most what is
+    free when the engine starts."""
     max_model_len: int | None = bounded(None, 1)
     """``vllm``: context length to reserve (the model's own when unset); ``llamacpp``: the
     context it allocates (16,384 when unset)."""
@@ -346,9 +355,14 @@ class TrainDataConfig:
     """Which benchmark's training split the structural retriever learns from."""
 
     name: str = DEFAULT_DATA
-    """``mini-kqapro``, ``mini-metaqa``, ``kqapro`` or ``metaqa``."""
+    """``mini-kqapro``, ``mini-metaqa``, ``kqapro``, ``metaqa``, or ``custom`` (the cases of
+    ``data.cases``; its export is named ``custom-`` and 12 hex digits of the file's SHA-256)."""
     root: str | None = None
-    """Folder in the official layout; the embedded copy for ``mini-*`` when unset."""
+    """Folder in the official layout; the embedded copy for ``mini-*`` when unset (not read by ``custom``)."""
+    kb: str | None = None
+    """``custom`` only: the KB the cases are checked and executed on (as ``evaluate.py``'s ``data.kb``)."""
+    cases: str | None = None
+    """``custom`` only: the cases file (as ``evaluate.py``'s ``data.cases``)."""
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""``python -m cbr2.data check DIR``: every problem of a dataset folder, then what it holds.
+"""``python -m cbr2.data check DIR``: every problem of a dataset folder, then what it holds; and
+``check --kb FILE --cases FILE``: every problem of a KB and cases of your own (``check_custom``),
+then the KB's vocabulary and each case's computed answer, for the author to confirm.
 
 The loaders stop at the first problem of a file; this runs the same validators (``cbr2.data.
 schema``, ``Program.from_json``, the category rule of ``cbr2.data.questions``) with a collecting
@@ -20,15 +22,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cbr2.common.errors import UserError
+from cbr2.data.cases import MIN_STRUCTURAL_CASES, case_questions
+from cbr2.data.kb_loaders import check_triples_kb, custom_kb_kind
 from cbr2.data.questions import (
     KQAPRO_ABBREVIATIONS,
     KQAPRO_CATEGORIES,
     METAQA_CATEGORIES,
+    Question,
     kqapro_category,
     load_metaqa_questions,
 )
-from cbr2.data.reading import Problems, read_json, read_text
-from cbr2.data.schema import parse_metaqa_kb, validate_kqapro_kb, validate_kqapro_questions
+from cbr2.data.reading import DataError, Problems, read_json, read_text
+from cbr2.data.schema import (
+    in_line_order,
+    parse_cases,
+    parse_metaqa_kb,
+    validate_kqapro_kb,
+    validate_kqapro_questions,
+)
+from cbr2.kb.model import KB
 from cbr2.kopl.program import Program, ProgramError
 
 KINDS = ("kqapro", "metaqa")
@@ -230,6 +242,145 @@ def render(report: Report) -> str:
                  if report.kind == "kqapro" else f"{kb['relation_facts']:,} distinct triples")
         lines.append(f"KB: {kb['entities']:,} entities, {kb['concepts']:,} concepts, {facts}, "
                      f"{kb['relations']:,} relations")
+    verdict = "clean" if report.clean else f"{len(report.problems)} problem{'s' * (len(report.problems) != 1)}"
+    lines.append(f"result: {verdict}")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- your own KB and cases
+
+FORMS = {"tab": "triples, TAB-separated", "pipe": "triples, '|'-separated", "metaqa": "MetaQA's kb.txt",
+         "kqapro": "KoPL JSON"}
+"""How the report names each kind of KB file of your own."""
+LISTED = 20
+"""Names of each kind the report lists before saying how many more there are."""
+ANSWER_VALUES = 8
+"""Values of one case's answer the report lists before saying how many more there are."""
+
+
+@dataclass
+class CustomReport:
+    """What ``check_custom`` found.
+
+    Attributes:
+        kb_path: The KB file.
+        cases_path: The cases file, or None when only the KB was checked.
+        form: A key of ``FORMS`` (None when the file could not be read).
+        problems: Every problem, ``<file>:<line>: <what is wrong>`` (cases: ``<file>:<line> (case N): ...``).
+        notes: What could not be checked, and why.
+        kb: The KB, or None when it has problems.
+        cases: How many cases the file's list holds (None without a cases file).
+        questions: The cases without a problem, as questions with their computed answers.
+    """
+
+    kb_path: Path
+    cases_path: Path | None
+    form: str | None = None
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    kb: KB | None = None
+    cases: int | None = None
+    questions: list[Question] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        """No problem found (notes allowed)."""
+        return not self.problems
+
+
+def check_custom(kb: str | Path, cases: str | Path | None = None) -> CustomReport:
+    """Validate a KB of your own and its cases file, listing all problems, and compute every answer.
+
+    The KB is read as ``load_custom_kb`` reads it (KoPL JSON or a triples file) with a collecting
+    ``Problems``; each case is checked as ``cbr2.data.cases`` checks it at load (parsed, type-checked,
+    grounded in the KB, executed, its given answer compared). When the KB has problems the cases
+    are parsed and type-checked only.
+
+    Raises:
+        UserError: If a file does not exist.
+    """
+    kb_path = Path(kb)
+    cases_path = Path(cases) if cases is not None else None
+    for path in (kb_path, cases_path):
+        if path is not None and not path.is_file():
+            raise UserError(f"{path}: no such file")
+    report = CustomReport(kb_path, cases_path)
+    problems = Problems(collect=True)
+    try:
+        kind = custom_kb_kind(kb_path)
+    except DataError as err:  # gone since the check above
+        raise UserError(str(err)) from None
+    if kind == "kqapro":
+        report.form = kind
+        raw = problems.guard(lambda: read_json(kb_path))
+        if raw is not None:
+            validate_kqapro_kb(raw, str(kb_path), problems)
+            if not problems.found:
+                from cbr2.data.kb_loaders import kqapro_kb_from_dict
+
+                report.kb = kqapro_kb_from_dict(raw, str(kb_path))
+    else:
+        report.form, report.kb = check_triples_kb(kb_path, problems)
+    if cases_path is not None:
+        found = Problems(collect=True)  # the file's structure first, then each case: reported in line order
+        text = found.guard(lambda: read_text(cases_path))
+        if text is not None:
+            report.cases, entries = parse_cases(text, str(cases_path), found)
+            report.questions = case_questions(entries, report.kb, str(cases_path), found)
+            if report.kb is None and entries:
+                report.notes.append(f"{cases_path}: the programs were parsed and type-checked only: with the KB's "
+                                    "problems fixed, they are grounded in it and executed")
+        problems.found += in_line_order(found.found, str(cases_path))
+    report.problems = problems.found
+    return report
+
+
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(names[:LISTED])
+    return shown + (f" ... and {len(names) - LISTED:,} more" if len(names) > LISTED else "")
+
+
+def render_custom(report: CustomReport) -> str:
+    """The report as the command prints it: problems, notes, the KB, the cases and their answers, verdict."""
+    lines = [f"KB {report.kb_path} ({FORMS.get(report.form, 'unreadable')})"]
+    if report.cases_path is not None:
+        lines.append(f"cases {report.cases_path}")
+    if report.problems:
+        lines.append(f"problems ({len(report.problems)}):")
+        lines += [f"  {p}" for p in report.problems]
+    if report.notes:
+        lines.append(f"notes ({len(report.notes)}):")
+        lines += [f"  {n}" for n in report.notes]
+    if report.kb is not None:
+        stats, voc = report.kb.stats(), report.kb.vocabulary
+        lines.append(f"KB: {stats['entities']:,} entities, {stats['concepts']:,} concepts, {stats['relations']:,} "
+                     f"relations, {stats['attribute_keys']:,} attribute keys, {stats['relation_facts']:,} relation "
+                     f"facts, {stats['attribute_facts']:,} attribute facts")
+        lines.append(f"  concepts: {_listed(sorted(voc.concepts)) or 'none'}")
+        lines.append(f"  relations: {_listed(sorted(voc.relations)) or 'none'}")
+        keys = [f"{k} ({t}{', ' + ' / '.join(sorted(voc.units[k] - {'1'})) if voc.units.get(k, set()) - {'1'} else ''})"
+                for k, t in sorted(voc.keys.items())]
+        lines.append(f"  attribute keys: {_listed(keys) or 'none'}")
+    if report.cases is not None:
+        n = len(report.questions)
+        counts = Counter(q.category for q in report.questions)
+        kinds = ", ".join(f"{c} {counts[c]}" for c in KQAPRO_CATEGORIES if counts[c])
+        broken = report.cases - n if report.kb is not None else 0  # without a KB, no case is run
+        lines.append(f"cases: {report.cases}{f' ({kinds})' if kinds else ''}"
+                     f"{f'; {broken} with problems' if broken else ''}")
+        if report.kb is not None and report.cases:
+            enough = report.cases >= MIN_STRUCTURAL_CASES
+            lines.append(f"  structural retriever: {'trained on them' if enough else 'none'} ({report.cases} cases, "
+                         f"{'at least' if enough else 'fewer than'} {MIN_STRUCTURAL_CASES}"
+                         f"{'' if enough else ': runs retrieve semantic cases only'})")
+    if report.questions:
+        lines.append("answers, as the programs compute them:")
+        width = max(len(q.qid) for q in report.questions)
+        for q in report.questions:
+            values = list(q.answer)
+            shown = "; ".join(values[:ANSWER_VALUES]) + (f" ... ({len(values)} values)" if len(values) > ANSWER_VALUES
+                                                           else "")
+            lines.append(f"  {q.qid.ljust(width)}  {q.question} → {shown}")
     verdict = "clean" if report.clean else f"{len(report.problems)} problem{'s' * (len(report.problems) != 1)}"
     lines.append(f"result: {verdict}")
     return "\n".join(lines) + "\n"

@@ -59,14 +59,16 @@ from typing import Any
 
 from cbr2.common.files import cache_root, file_sha256, gc_paused, open_entry
 from cbr2.common.locks import build_lock
-from cbr2.data.kb_loaders import load_kqapro_kb, load_metaqa_kb
+from cbr2.data.kb_loaders import load_kqapro_kb, load_metaqa_kb, load_triples_kb
 from cbr2.data.kb_store_layout import ENGINE_SECTIONS, FORMAT, HEADER_KEYS, MAGIC, SECTIONS, write_entry
 from cbr2.kb.model import KB, Vocabulary
 
 log = logging.getLogger(__name__)
 
-LOADERS: dict[str, Callable[[str | Path], KB]] = {"kqapro": load_kqapro_kb, "metaqa": load_metaqa_kb}
-"""``kind`` → the loader that reads such a file (KQA Pro ``kb.json``, MetaQA ``kb.txt``)."""
+LOADERS: dict[str, Callable[[str | Path], KB]] = {"kqapro": load_kqapro_kb, "metaqa": load_metaqa_kb,
+                                                  "triples": load_triples_kb}
+"""``kind`` → the loader that reads such a file (KQA Pro ``kb.json``, MetaQA ``kb.txt``, a triples
+file of your own)."""
 
 FREEZE_FACTS = 20_000
 """From this many facts on, loading the engine's indexes ends with ``gc.freeze()``.
@@ -251,9 +253,9 @@ def load_kb(path: str | Path, kind: str | None = None, cache_dir: str | Path | N
     """The KB of ``path`` from its store entry, built first when there is none (see the module).
 
     Args:
-        path: A KQA Pro ``kb.json`` (either schema) or a MetaQA ``kb.txt``.
-        kind: ``kqapro`` or ``metaqa`` (which loader reads the file); by default from the
-            suffix (``.txt``: metaqa).
+        path: A KQA Pro ``kb.json`` (either schema), a MetaQA ``kb.txt`` or a triples file.
+        kind: ``kqapro``, ``metaqa`` or ``triples`` (which loader reads the file, ``LOADERS``); by
+            default from the suffix (``.txt``: metaqa).
         cache_dir: The cache folder (``cache_root(cache_dir)``: default ``$CBR2_CACHE_DIR``, else
             ``~/.cache/cbr2``); entries live in its ``kb/`` folder.
 

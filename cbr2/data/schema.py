@@ -1,7 +1,9 @@
 """The one validation layer of every input data file, run once at load.
 
 Formats: KQA Pro ``kb.json`` (both published schemas) and question files, MetaQA ``kb.txt`` and
-question files. Each is described here once, as pydantic schemas that mirror the official
+question files, and a KB and cases of your own (a triples file, ``parse_triples``; a YAML file of
+solved cases, ``parse_cases``, whose programs ``cbr2.data.cases`` checks against the KB). The JSON
+formats are described here once, as pydantic schemas that mirror the official
 layout (``extra="allow"``: fields the project does not read, such as ``sparql``, are fine),
 validated in strict mode so that nothing is coerced: the loaders go on with the parsed data
 itself, so a file either loads exactly as written or is rejected. Checks that span items (a
@@ -9,7 +11,8 @@ relation's target exists, no single question lacks its answer) run right after t
 ones, in the same functions.
 
 Every rejection is a ``DataError`` whose message reads ``<file>: <item>: <what is wrong>``,
-e.g. ``kb.json: entities["Q42"].attributes[3]: missing key 'key'``. Loading stops at the first;
+e.g. ``kb.json: entities["Q42"].attributes[3]: missing key 'key'`` (the files of your own KB and
+cases: ``<file>:<line>: <what is wrong>``, the form editors jump to). Loading stops at the first;
 given a collecting ``Problems`` (``cbr2.data.reading``), the same functions report every problem
 in that form and go on (``python -m cbr2.data check``).
 """
@@ -19,12 +22,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import date
 from functools import cache
 from typing import Annotated, Any, Literal
 
+import yaml
 from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, with_config
 from typing_extensions import NotRequired, TypedDict  # pydantic needs these on Python < 3.12
 
+from cbr2.common.console import did_you_mean
 from cbr2.common.files import gc_paused
 from cbr2.data.names import kqapro_kb_strings, kqapro_question_strings, question_problem, string_problems
 from cbr2.data.reading import DataError, Problems, text_lines
@@ -466,3 +473,366 @@ def parse_metaqa_questions(text: str, source: str, problems: Problems | None = N
         linenos.append(lineno)
     bad = _check_lines(MetaQAQuestion, rows, linenos, source, problems)
     return [{**row, "line": n} for i, (row, n) in enumerate(zip(rows, linenos, strict=True)) if i not in bad]
+
+
+# ------------------------------------------------------------- your own KB: a triples file
+
+INSTANCE_OF = "instance of"
+"""The relation of a triples file whose object is a concept (the subject's ``instanceOf``)."""
+SUBCLASS_OF = "subclass of"
+"""The relation of a triples file between two concepts (the subject's ``subclassOf``)."""
+TRIPLE_FORMS = {"tab": "\t", "pipe": "|"}
+"""The two forms of a triples file: ``subject<TAB>relation<TAB>object`` and MetaQA's
+``subject|relation|object``; the first triple of a file decides which it is."""
+
+_ISO_DATE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})$")
+# A number, then at most one unit word: "6", "-2.5", "3.5 km". A word that starts with a digit,
+# a sign or a point is no unit ("5 1"), and more than one word is a name ("2001 A Space Odyssey").
+_QUANTITY = re.compile(r"^([+-]?\d+(?:\.\d+)?)(?:\s+([^\s\d+\-.]\S*))?$")
+
+
+@dataclass(frozen=True)
+class Triple:
+    """One line of a triples file, checked.
+
+    Attributes:
+        line: Its line in the file (1-based).
+        subject: The subject's name.
+        relation: The relation (or attribute key) as written.
+        object: The object as written.
+        value: The attribute value the object is (``{type, value[, unit]}``: a date or a quantity
+            of the TAB form), None when it names an entity or a concept.
+    """
+
+    line: int
+    subject: str
+    relation: str
+    object: str
+    value: dict[str, Any] | None = None
+
+
+def literal_value(text: str) -> dict[str, Any] | None:
+    """The attribute value an object of the TAB form is, or None when it names an entity.
+
+    An ISO date (``yyyy-mm-dd``) is a date; a number, optionally followed by one unit word
+    (``6``, ``3.5 km``), a quantity (unitless: unit ``"1"``, as KQA Pro writes it).
+
+    Raises:
+        ValueError: For a text in the date form that is no calendar date (``2023-02-30``): read as
+            an entity's name it would hide the slip.
+    """
+    m = _ISO_DATE.match(text)
+    if m:
+        try:
+            date(*(int(g) for g in m.groups()))
+        except ValueError as err:
+            raise ValueError(f"{text!r} has the form of a date (yyyy-mm-dd) but is none ({err})") from None
+        return {"type": "date", "value": text}
+    m = _QUANTITY.match(text)
+    if m:
+        number = m.group(1)
+        return {"type": "quantity", "value": float(number) if "." in number else int(number),
+                "unit": m.group(2) or "1"}
+    return None
+
+
+def _field_count(form: str, parts: list[str], first: int | None) -> str:
+    """Why a line of a triples file does not split into three fields."""
+    other = "pipe" if form == "tab" else "tab"
+    said = {"tab": "TAB", "pipe": "'|'"}
+    if len(parts) == 1 and TRIPLE_FORMS[other] in parts[0]:
+        return (f"{said[other]}-separated, but this file is {said[form]}-separated (its first triple, line {first}, "
+                "is): one form per file")
+    if form == "tab":
+        return f"expected subject<TAB>relation<TAB>object (2 TABs), got {len(parts) - 1}"
+    return (f"expected subject|relation|object (2 '|'), got {len(parts) - 1} (a name holding '|' needs the TAB "
+            "form)")
+
+
+def parse_triples(text: str, source: str, problems: Problems | None = None) -> tuple[str | None, list[Triple]]:
+    """The triples of a triples file, checked; blank lines and ``#`` comment lines are skipped.
+
+    The first triple decides the form (``TRIPLE_FORMS``: a TAB in it, else ``|``); fields are
+    stripped of surrounding spaces. In the TAB form an object that reads as a date or a quantity
+    is one (``literal_value``), except for ``instance of`` and ``subclass of``, whose objects are
+    concepts; in the ``|`` form every object is a name, as in MetaQA.
+
+    Besides each line, the file as a whole: a name is a concept (the object of ``instance of``,
+    either side of ``subclass of``) or an entity, never both; an attribute key holds one type of
+    value (date or quantity) and is no relation between entities as well.
+
+    Args:
+        text: The file's text.
+        source: The file, for messages.
+        problems: Where to report; default: raise the first. With a collecting one, the
+            triples of the lines without a problem.
+
+    Returns:
+        ``(form, triples)``: ``tab`` or ``pipe`` (None for a file without a triple), and the triples.
+
+    Raises:
+        DataError: ``<file>:<line>: <what is wrong>`` at the first problem (a line that is not
+            three fields, an empty field, a mix of the two forms ...), unless ``problems`` collects.
+    """
+    outer = Problems() if problems is None else problems
+    # Collected here first when collecting, so that the file-wide checks' problems take their
+    # places among the lines' in the report.
+    problems = Problems(collect=True) if outer.collect else outer
+    form: str | None = None
+    first: int | None = None
+    rows: list[Triple] = []
+    for lineno, line in text_lines(text):
+        body = line.strip()
+        if not body or body.startswith("#"):
+            continue
+        where = f"{source}:{lineno}"
+        if form is None:
+            form = "tab" if "\t" in line else "pipe" if "|" in line else None
+            if form is None:
+                problems.add(f"{where}: expected subject<TAB>relation<TAB>object or subject|relation|object, "
+                             f"got {body[:80]!r}")
+                continue
+            first = lineno
+        parts = line.split(TRIPLE_FORMS[form])
+        if len(parts) != 3:
+            problems.add(f"{where}: {_field_count(form, parts, first)}")
+            continue
+        fields = dict(zip(("subject", "relation", "object"), (p.strip() for p in parts), strict=True))
+        empty = [name for name, value in fields.items() if not value]
+        if empty:
+            problems.add(f"{where}: empty {' and '.join(empty)} (a line is subject, relation, object)")
+            continue
+        bad = [f"{name} {what}" for name, what in string_problems((name, value, True) for name, value in fields.items())]
+        if bad:
+            problems.add(f"{where}: {'; '.join(bad)}")
+            continue
+        value = None
+        if form == "tab" and fields["relation"] not in (INSTANCE_OF, SUBCLASS_OF):
+            try:
+                value = literal_value(fields["object"])
+            except ValueError as err:
+                problems.add(f"{where}: {err}")
+                continue
+        rows.append(Triple(lineno, fields["subject"], fields["relation"], fields["object"], value))
+    rows = _check_roles(rows, source, problems)
+    if not rows and not problems.found:
+        problems.add(f"{source}: no triples (the file holds no line but blank and comment lines)")
+    if problems is not outer:
+        for message in in_line_order(problems.found, source):
+            outer.add(message)
+    return form, rows
+
+
+def in_line_order(messages: Iterable[str], source: str) -> list[str]:
+    """Messages about ``source`` (``<file>:<line>...``) in the order of their lines; a message
+    without a line comes first, messages of one line keep their order."""
+    def line(message: str) -> int:
+        digits = message[len(source) + 1:].partition(":")[0].partition(" ")[0]
+        return int(digits) if message.startswith(f"{source}:") and digits.isdigit() else 0
+
+    return sorted(messages, key=line)
+
+
+def _check_roles(rows: list[Triple], source: str, problems: Problems) -> list[Triple]:
+    """The triples whose names keep one role across the file (``parse_triples``), the others reported."""
+    concepts: dict[str, int] = {}  # concept name -> the first line that makes it one
+    for t in rows:
+        if t.relation == INSTANCE_OF:
+            concepts.setdefault(t.object, t.line)
+        elif t.relation == SUBCLASS_OF:
+            concepts.setdefault(t.subject, t.line)
+            concepts.setdefault(t.object, t.line)
+    keys: dict[str, tuple[str, int]] = {}  # attribute key -> (type, first line)
+    relations: dict[str, int] = {}  # relation between entities -> first line
+    kept = []
+    for t in rows:
+        where = f"{source}:{t.line}"
+        named = [] if t.relation == SUBCLASS_OF else [t.subject]
+        if t.relation not in (INSTANCE_OF, SUBCLASS_OF) and t.value is None:
+            named.append(t.object)
+        clash = next((n for n in named if n in concepts), None)
+        if clash is not None:
+            problems.add(f"{where}: {clash!r} is a concept (line {concepts[clash]}) and cannot be an entity too: "
+                         "give one of them another name")
+            continue
+        if t.relation in (INSTANCE_OF, SUBCLASS_OF):
+            kept.append(t)
+            continue
+        if t.value is not None:
+            typ = t.value["type"]
+            if t.relation in relations:
+                problems.add(f"{where}: {t.relation!r} holds a {typ} here but relates two entities on line "
+                             f"{relations[t.relation]}: a name is an attribute key or a relation, not both")
+                continue
+            seen = keys.setdefault(t.relation, (typ, t.line))
+            if seen[0] != typ:
+                problems.add(f"{where}: {t.relation!r} holds a {typ} here and a {seen[0]} on line {seen[1]}: an "
+                             "attribute key holds one type of value")
+                continue
+        elif t.relation in keys:
+            typ, line = keys[t.relation]
+            problems.add(f"{where}: {t.relation!r} relates two entities here but holds a {typ} on line {line}: a "
+                         "name is an attribute key or a relation, not both")
+            continue
+        else:
+            relations.setdefault(t.relation, t.line)
+        kept.append(t)
+    return kept
+
+
+# ----------------------------------------------------------- your own cases: a YAML file
+
+CASE_KEYS = ("question", "program", "answer")
+"""The keys of one case in a cases file; ``answer`` may be left out."""
+
+_NULL = "tag:yaml.org,2002:null"
+
+
+@dataclass(frozen=True)
+class CaseEntry:
+    """One case of a cases file as written, its structure checked (``parse_cases``).
+
+    Attributes:
+        number: Its place in the file (1-based): the case's id is ``case-{number}``.
+        line: The file line it starts on.
+        question: The question text.
+        program: The program text (DAG form).
+        program_line: The file line of the program's value.
+        program_block: Whether the program is a literal block (``program: |``): its line k is then
+            file line ``program_line + k``; else every line of it is reported at ``program_line``.
+        answer: The given answer (one value or several), or None when the case gives none.
+        answer_line: The file line of the answer (None without one).
+    """
+
+    number: int
+    line: int
+    question: str
+    program: str
+    program_line: int
+    program_block: bool
+    answer: tuple[str, ...] | None
+    answer_line: int | None
+
+    def file_line(self, program_line: int | None) -> int:
+        """The file line of a line of the program text (1-based; None: its first)."""
+        if self.program_block and program_line is not None:
+            return self.program_line + program_line
+        return self.program_line
+
+
+def _kind_of(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "list"
+    return "null" if node.tag == _NULL else f"value {node.value[:40]!r}"
+
+
+def _text(node: yaml.Node) -> str | None:
+    """A scalar's text as written (YAML's ``yes``, ``4`` or ``2020-01-01`` stay text); None for a
+    null, a list or a mapping."""
+    if isinstance(node, yaml.ScalarNode) and node.tag != _NULL:
+        return node.value
+    return None
+
+
+def parse_cases(text: str, source: str, problems: Problems | None = None) -> tuple[int, list[CaseEntry]]:
+    """The cases of a cases file, their structure checked.
+
+    The file is a YAML list; each case a mapping with ``question`` and ``program`` (text) and
+    optionally ``answer`` (one value, or a list of them). Scalars are read as the file writes
+    them, never converted: ``answer: yes`` is the text ``yes``, ``answer: 4`` the text ``4``.
+    Line numbers come from the YAML nodes, so every message names its line.
+
+    Args:
+        text: The file's text.
+        source: The file, for messages.
+        problems: Where to report; default: raise the first. With a collecting one, the cases
+            without a problem.
+
+    Returns:
+        ``(cases, entries)``: how many cases the file's list holds, and those whose structure holds.
+
+    Raises:
+        DataError: ``<file>:<line> (case N): <what is wrong>`` at the first problem (not YAML, not
+            a list of cases, an unknown or missing key, an empty question or answer ...), unless
+            ``problems`` collects.
+    """
+    problems = Problems() if problems is None else problems
+    try:
+        root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problems.add(f"{source}{line}: not valid YAML ({err.problem or err.context})")
+        return 0, []
+    if root is None or (isinstance(root, yaml.SequenceNode) and not root.value):
+        problems.add(f"{source}: no cases (the file holds none)")
+        return 0, []
+    if not isinstance(root, yaml.SequenceNode):
+        problems.add(f"{source}:{root.start_mark.line + 1}: expected a list of cases ('- question: ...' with "
+                     f"program: and answer:), got a {_kind_of(root)}")
+        return 0, []
+    out = []
+    for number, node in enumerate(root.value, 1):
+        entry = _case(number, node, source, problems)
+        if entry is not None:
+            out.append(entry)
+    return len(root.value), out
+
+
+def _case(number: int, node: yaml.Node, source: str, problems: Problems) -> CaseEntry | None:
+    """One case of ``parse_cases``; None (reported) when its structure is broken."""
+    line = node.start_mark.line + 1
+
+    def fail(at: yaml.Node | int, what: str) -> None:
+        problems.add(f"{source}:{at if isinstance(at, int) else at.start_mark.line + 1} (case {number}): {what}")
+
+    if not isinstance(node, yaml.MappingNode):
+        fail(line, f"expected a case (question:, program:, answer:), got a {_kind_of(node)}")
+        return None
+    fields: dict[str, yaml.Node] = {}
+    broken = False
+    for key_node, value in node.value:
+        key = _text(key_node)
+        if key not in CASE_KEYS:
+            fail(key_node, f"unknown key {key!r}{did_you_mean(key, CASE_KEYS)}; a case has "
+                           f"{', '.join(CASE_KEYS[:-1])} and optionally {CASE_KEYS[-1]}")
+            broken = True
+        elif key in fields:
+            fail(key_node, f"key {key!r} given twice (first on line {fields[key].start_mark.line + 1})")
+            broken = True
+        else:
+            fields[key] = value
+    texts = {}
+    for key in ("question", "program"):
+        if key not in fields:
+            fail(line, f"missing key {key!r}")
+            broken = True
+            continue
+        value = _text(fields[key])
+        if value is None or not value.strip():
+            fail(fields[key], f"{key} must be text, got {'an empty one' if value is not None else 'a ' + _kind_of(fields[key])}")
+            broken = True
+            continue
+        texts[key] = value
+    if "question" in texts and (problem := question_problem(texts["question"].strip())):
+        fail(fields["question"], f"the question {problem}")
+        broken = True
+    answer, answer_line = None, None
+    if "answer" in fields and fields["answer"].tag != _NULL:
+        node_a = fields["answer"]
+        answer_line = node_a.start_mark.line + 1
+        items = node_a.value if isinstance(node_a, yaml.SequenceNode) else [node_a]
+        values = [_text(item) for item in items]
+        if not items or any(v is None or not v.strip() for v in values):
+            fail(node_a, "answer must be a value or a list of values, none of them empty (leave the key out to "
+                         "give no answer)")
+            broken = True
+        else:
+            answer = tuple(v.strip() for v in values)
+    if broken:
+        return None
+    program = fields["program"]
+    return CaseEntry(number, line, texts["question"].strip(), texts["program"], program.start_mark.line + 1,
+                     getattr(program, "style", None) == "|", answer, answer_line)

@@ -178,6 +178,8 @@ class PairDataModule(L.LightningDataModule):
     Args:
         data_name: Benchmark name (``data.name``).
         data_root: Benchmark folder (``data.root``); the embedded copy for ``mini-*`` when None.
+        kb: ``custom`` only: the KB file (``data.kb``).
+        cases: ``custom`` only: the cases file (``data.cases``), whose cases are the training split.
         label: Label function name (``structural.label``).
         label_bins: Label bins of the pair sampler.
         pairs_per_epoch: Training pairs per epoch.
@@ -194,7 +196,8 @@ class PairDataModule(L.LightningDataModule):
 
     def __init__(self, data_name: str, data_root: str | None = None, label: str = "seqmatch", label_bins: int = 5,
                  pairs_per_epoch: int = 2048, val_pairs: int = 1000, holdout: float = 0.1, batch_size: int = 32,
-                 seed: int = 0, hit_queries: int = 2000, hit_pool: int = 10000):
+                 seed: int = 0, hit_queries: int = 2000, hit_pool: int = 10000, kb: str | None = None,
+                 cases: str | None = None):
         super().__init__()
         if not 0 < holdout < 1:
             raise ConfigError(f"structural.holdout must be strictly between 0 and 1, got {holdout}")
@@ -203,6 +206,7 @@ class PairDataModule(L.LightningDataModule):
             if value < 1:
                 raise ConfigError(f"structural.{key} must be positive, got {value}")
         self.data_name, self.data_root, self.label, self.label_bins = data_name, data_root, label, label_bins
+        self.data_kb, self.data_cases = kb, cases
         self.pairs_per_epoch, self.val_pairs, self.holdout = pairs_per_epoch, val_pairs, holdout
         self.batch_size, self.seed, self.hit_sizes = batch_size, seed, (hit_queries, hit_pool)
         self.fit_pool: QuestionSet | None = None
@@ -224,7 +228,7 @@ class PairDataModule(L.LightningDataModule):
             log.info("setup: %s in %.1f s", stage, now - clock)
             clock = now
 
-        bench = Benchmark(self.data_name, self.data_root)
+        bench = Benchmark(self.data_name, self.data_root, kb=self.data_kb, cases=self.data_cases)
         questions = [q for q in bench.questions(bench.family.train_split) if q.program is not None]
         timed(f"read {len(questions)} training questions")
         fit, held = split_holdout(questions, self.holdout)

@@ -40,6 +40,7 @@ from cbr2.common.devices import GPU_ACCELERATORS
 from cbr2.common.provenance import git_hash
 from cbr2.common.tracking import announce, wandb_mode
 from cbr2.config import ConfigError
+from cbr2.data.benchmarks import structural_name
 from cbr2.structural.checkpoints import export_checkpoint
 from cbr2.structural.data import PairDataModule
 from cbr2.structural.module import StructuralRetriever
@@ -349,12 +350,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # hold the precision that trains.
     cfg = resolve_precision(cfg)
     rid = run_id(cfg)
-    out = Path(cfg.output_dir) if cfg.output_dir else Path("outputs") / "train" / cfg.data.name / rid
+    name = structural_name(cfg.data)  # data.name; for your own cases, with their content's hash
+    out = Path(cfg.output_dir) if cfg.output_dir else Path("outputs") / "train" / name / rid
     s = cfg.structural
     dm = PairDataModule(cfg.data.name, cfg.data.root, label=s.label, label_bins=s.label_bins,
                         pairs_per_epoch=s.pairs_per_epoch, val_pairs=s.val_pairs, holdout=s.holdout,
                         batch_size=s.batch_size, seed=cfg.seed, hit_queries=s.sketch_hit_queries,
-                        hit_pool=s.sketch_hit_pool)
+                        hit_pool=s.sketch_hit_pool, kb=cfg.data.kb, cases=cfg.data.cases)
     dm.setup("fit")  # fail on bad data before any model is loaded
     kwargs = slurm_sizing(_trainer_kwargs(cfg))
     # Before any logger starts a W&B run: a backbone that cannot load fails here.
@@ -396,7 +398,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     }
     if trainer.is_global_zero:
         result["best"], result["checkpoint"] = _export(cfg, module, checkpointing.best_model_path, baseline, out, rid,
-                                                       trainer.global_step)
+                                                       trainer.global_step, name)
     result["elapsed_s"] = time.perf_counter() - started
     if trainer.is_global_zero:
         log.info("best %s %.4f (untrained %.4f); %.1f pairs/s; %.0f s", MONITOR,
@@ -425,9 +427,9 @@ def _fit(trainer: Any, module: StructuralRetriever, dm: PairDataModule, kwargs: 
 
 
 def _export(cfg: DictConfig, module: StructuralRetriever, best_path: str, baseline: dict[str, float], out: Path,
-            rid: str, steps: int) -> tuple[dict[str, float], str]:
+            rid: str, steps: int, name: str) -> tuple[dict[str, float], str]:
     """Load the best weights (the last ones when fitting never validated) and export them with
-    their metadata; the best validation metrics and the exported folder."""
+    their metadata, under ``name`` (``structural_name``); the best validation metrics and the exported folder."""
     if best_path:
         # Our own run's file: it holds Lightning's loop state besides tensors, hence weights_only=False.
         state = torch.load(best_path, map_location="cpu", weights_only=False)
@@ -439,7 +441,7 @@ def _export(cfg: DictConfig, module: StructuralRetriever, best_path: str, baseli
             "metrics": best, "baseline": baseline, "config": OmegaConf.to_container(cfg, resolve=True),
             "git": git_hash(), "run_dir": str(out.resolve()), "run_id": rid, "steps": steps,
             "lightning_checkpoint": best_path or None}
-    return best, str(export_checkpoint(module.encoder, cfg.structural.checkpoints_dir, cfg.data.name, rid, meta))
+    return best, str(export_checkpoint(module.encoder, cfg.structural.checkpoints_dir, name, rid, meta))
 
 
 def _finish_wandb(loggers: list[Logger]) -> None:

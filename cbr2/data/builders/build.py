@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -64,14 +65,16 @@ def build_all(root: Path = EMBEDDED_ROOT, seed: int = SEED) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    """``python -m cbr2.data.builders.build`` (``cbr2 build``): rebuild, then print each benchmark's sizes."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=EMBEDDED_ROOT)
     parser.add_argument("--seed", type=int, default=SEED)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     stats = build_all(args.out, args.seed)
     print(json.dumps(stats, indent=2, default=str))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
