@@ -169,7 +169,7 @@ def test_the_prompts_of_each_setting_hold_what_table5_defines(bases, base):
     """Real retrieval (the packaged MiniLM for both views, in place of bge-m3 and a trained
     retriever) for one mini-kqapro question per setting."""
     from cbr2.data.benchmarks import Benchmark
-    from cbr2.evaluation.runner import _prepare, build_prompts, select_questions
+    from cbr2.evaluation.runner import build_prompts, prepare, select_questions
     from cbr2.retrieval.cases import Query
     from cbr2.retrieval.retriever import Retriever
 
@@ -183,7 +183,7 @@ def test_the_prompts_of_each_setting_hold_what_table5_defines(bases, base):
                                  f"structural.checkpoint={minilm}", "retrieval.device=cpu", "eval.limit=1"])
         bench = Benchmark(cfg.data.name)
         (question,) = select_questions(bench, cfg)
-        cfg = _prepare(cfg, bench, retrieval_only=False)
+        cfg = prepare(cfg, bench)
         (item,) = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint).retrieve([Query(question.qid,
                                                                                               question.question)])
         (prompt,) = build_prompts(cfg.prompt, cfg.generation, [question], {question.qid: item})

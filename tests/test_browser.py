@@ -14,6 +14,8 @@ import subprocess
 import pytest
 
 from cbr2.evaluation.browser import SUMMARY_FIELDS, browser_data, embed_json, page_blocks, write_browser, write_compare
+from cbr2.evaluation.metrics import judged
+from cbr2.evaluation.trace import build_trace
 
 HOSTILE = "</script><img src=x onerror=alert(1)>"
 """Generated text that would run script if the page ever parsed data as markup."""
@@ -21,12 +23,19 @@ HOSTILE = "</script><img src=x onerror=alert(1)>"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 
+STEPS = [{"step": 1, "function": "Find", "args": ["Paris"], "inputs": [], "holds": "entities", "count": 1,
+          "first": ["Paris"]},
+         {"step": 2, "function": "QueryAttr", "args": ["population"], "inputs": [1], "holds": "values", "count": 1,
+          "first": ["1"]}]
+"""The ``steps`` of a prediction record of the program below (``Executor.summarize``)."""
+
+
 def prediction(qid, category, correct, *, kind=None, program="r1: Find[Paris] → QueryAttr[population]", **extra):
     return {"id": qid, "question": f"Question {qid}?", "category": category, "gold_answer": "1",
             "gold_program": "r1: Find[Paris] → QueryAttr[population]", "generated": program, "repairs": [],
             "syntax_error_before_repair": False, "syntax_error": False, "program": program,
             "unknown_arguments": [], "canonicalized": [], "answer": "1" if correct else "2", "correct": correct,
-            "error_kind": None if correct else kind, "error": None, "prompt_hash": "ab" * 32,
+            "error_kind": None if correct else kind, "error": None, "steps": STEPS, "prompt_hash": "ab" * 32,
             "generation_key": "k", "prompt_tokens": 900, "completion_tokens": 20, "latency_s": 0.5, **extra}
 
 
@@ -60,8 +69,8 @@ def run(tmp_path):
     ]
     case = {"id": "train-7", "views": ["semantic", "structural"], "scores": [0.91, 0.5],
             "ontology": ["city | has attribute | population (quantity)"], "facts": [f"Paris | note | {HOSTILE}"]}
-    retrieval = [{"id": "val-1", "ontology": ["city | has attribute | population (quantity)"],
-                  "facts": ["Paris | population | 2102650"], "cases": [case]},
+    retrieval = [{"id": "val-1", "ontology": ["city | has attribute | population (quantity)"],  # no scores: older runs
+                  "facts": ["Paris | population | 2102650"], "facts_scores": [0.75], "cases": [case]},
                  {"id": "val-3", "ontology": [], "facts": [], "cases": [case]},
                  {"id": "val-9", "ontology": [], "facts": [], "cases": []}]  # retrieved, never generated
     return write_run(tmp_path / "run", records, retrieval)
@@ -85,6 +94,25 @@ def browser_page(page: str):
     return {**head, **tables, "questions": questions}
 
 
+def trace_of(data, question):
+    """A question's trace as the page's ``traceOf`` expands it from the page's data (the same steps)."""
+    t, strings, cases = dict(question["trace"]), data["strings"], data["cases"]
+    if t["knowledge"] is not None:
+        t["knowledge"] = {kind: [{"text": strings[i], "score": score} for i, score in t["knowledge"][kind]]
+                          for kind in ("ontology", "facts")}
+    if t["cases"] is not None:
+        expanded = []
+        for cid, found, *own in t["cases"]:
+            c = cases.get(cid, {})
+            k = own[0] if own else c
+            expanded.append({"id": cid, "question": c.get("question"), "program": c.get("program"),
+                             "found_by": [{"view": v, "score": s} for v, s in found],
+                             "ontology": [strings[i] for i in k.get("ontology", [])],
+                             "facts": [strings[i] for i in k.get("facts", [])]})
+        t["cases"] = expanded
+    return t
+
+
 def test_page_is_self_contained_and_holds_every_question(run):
     path = write_browser(run)
     assert path == run / "browser.html"
@@ -94,11 +122,21 @@ def test_page_is_self_contained_and_holds_every_question(run):
     by_id = {q["id"]: q for q in data["questions"]}
     assert (by_id["val-1"]["verdict"], by_id["val-2"]["kind"], by_id["val-9"]["verdict"]) == ("right", "wrong", "n/a")
     assert by_id["val-2"]["analysis"]["class"] == "grounding" and by_id["val-3"]["class"] == "other"
-    assert by_id["val-4"]["category"] == "unknown" and by_id["val-4"]["retrieval"] is None
-    hit = by_id["val-1"]["retrieval"]["cases"][0]
-    assert hit[:3] == ["train-7", ["semantic", "structural"], [0.91, 0.5]]
+    assert by_id["val-4"]["category"] == "unknown" and by_id["val-4"]["trace"]["knowledge"] is None
+    hit = by_id["val-1"]["trace"]["cases"][0]
+    assert hit == ["train-7", [["semantic", 0.91], ["structural", 0.5]]]
     assert data["strings"][data["cases"]["train-7"]["facts"][0]] == f"Paris | note | {HOSTILE}"
-    assert "generation_key" not in by_id["val-1"]
+    assert "generation_key" not in json.dumps(by_id["val-1"])
+    # Each question's details are its trace, built by build_trace from its two records: the page holds
+    # exactly that (expanded as its script does), with the retrieval scores the record kept.
+    trace = trace_of(data, by_id["val-1"])
+    records = {r["id"]: r for r in map(json.loads, (run / "predictions.jsonl").read_text().splitlines())}
+    retrieval = {r["id"]: r for r in map(json.loads, (run / "retrieval.jsonl").read_text().splitlines())}
+    assert trace == build_trace(judged(records["val-1"]), retrieval["val-1"], question=None, cases={})
+    assert trace["knowledge"]["facts"] == [{"text": "Paris | population | 2102650", "score": 0.75}]
+    assert trace["knowledge"]["ontology"] == [{"text": "city | has attribute | population (quantity)", "score": None}]
+    assert trace["steps"][1] == STEPS[1] and trace["answered"] and trace["correct"]
+    assert trace_of(data, by_id["val-9"])["generation"] is None and by_id["val-9"]["trace"]["question"] is None
     # No network: no URL at all, no external src/href; one page, no other file to fetch.
     assert "http://" not in page and "https://" not in page
     assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:[a-z]+:)?//""", page, re.IGNORECASE)
@@ -110,8 +148,8 @@ def test_hostile_text_stays_inert(run):
     # The data cannot end its script block: only the page's own scripts close (rows, code, triples, details).
     assert page.count("</script>") == 4 and HOSTILE not in page and "<img" not in page
     data = browser_page(page)
-    hostile = next(q for q in data["questions"] if q["id"] == "val-3")
-    assert hostile["generated"] == HOSTILE and hostile["error"]["message"] == HOSTILE
+    hostile = next(q for q in data["questions"] if q["id"] == "val-3")["trace"]
+    assert hostile["generation"]["text"] == HOSTILE and hostile["error"]["message"] == HOSTILE
     # The code never parses data as markup ...
     script = page.rsplit("<script>", 1)[1].split("</script>", 1)[0]
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
@@ -253,6 +291,9 @@ def test_chromium_pages_a_long_run(tmp_path):
     dom = dump_dom(browser, page, "open=val-0321", tmp_path / "profile")
     assert re.search(r'<details class="q wrong" data-id="val-0321"[^>]* open=""', dom) and "page 2 of 3" in dom
     assert "<b>tokens in / out</b><span>900 / 20</span>" in dom  # its details, from the second block
+    # Its trace's steps: each call, the steps it reads, what its result holds and its first items.
+    assert re.search(r'<li value="2"><code>QueryAttr\[population\]</code><span class="score"> ← 1</span> ⇒ '
+                     r'values \(1\): 1</li>', dom)
     dom = dump_dom(browser, page, "q=lyon", tmp_path / "profile")  # a search reads every block
     assert rows(dom) == [("val-0430", False)] and shown_count(dom) == "1 of 450 questions shown"
     dom = dump_dom(browser, page, "category=Verify&open=val-0001", tmp_path / "profile")  # filtered out: shown too

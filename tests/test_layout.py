@@ -17,7 +17,7 @@ import cbr2
 PACKAGE_DIR = Path(cbr2.__file__).parent
 
 LAYERS = ("common", "config", "kb", "kopl", "data", "retrieval", "structural", "generation", "llm", "evaluation",
-          "cluster")
+          "cluster", "service", "cli")
 """The packages of ``cbr2``, lowest first; a module imports only from its own package and those before it.
 
 ``common`` is the core layer: errors, the records the stages pass on, files (cache root, folder
@@ -26,7 +26,9 @@ the configuration. ``kb`` is the KB model and its triples; ``kopl`` the programs
 over a KB; ``data`` reads the official files (KBs, through the KB store, and questions) and the
 benchmarks; then retrieval, the structural retriever (trained on data, encoded by retrieval),
 generation (prompt, grammar, canonicalisation, fallback), the LLM backends (which decode under
-generation's grammar), evaluation (the run), and the cluster (sweeps and shard merges of runs).
+generation's grammar), evaluation (the run), the cluster (sweeps and shard merges of runs), the
+service (the Python API and the ``ask`` command, over the evaluation's stages), and the ``cbr2``
+command (``cli``: one verb per entry point, each imported when it runs).
 """
 
 

@@ -296,3 +296,27 @@ def test_the_memory_check_counts_the_encoder_and_the_indexes_of_the_data_named(m
     monkeypatch.setattr("cbr2.retrieval.gpu_memory.retrieval_beside", lambda *a, **k: _bge_m3_over_kqapro()("flat"))
     with pytest.raises(smoke.SmokeError, match=r"^GPU 0: weights 15.3 GiB .* retrieval 6.6 GiB: .*retrieval.index=hnsw"):
         smoke.check_gpu_memory(cfg)
+
+
+def test_a_run_leaves_the_engine_room_for_the_encoders_and_a_service_for_its_indexes_too(monkeypatch):
+    import torch
+
+    from cbr2.common import devices
+    from cbr2.config import compose
+    from cbr2.data.benchmarks import Benchmark
+    from cbr2.evaluation.runner import gpu_reserve
+    from cbr2.retrieval import index
+
+    minilm = "sentence-transformers/all-MiniLM-L6-v2"
+    cfg = compose(ablation="full", overrides=["llm.backend=vllm", f"retrieval.encoder={minilm}",
+                                              f"structural.checkpoint={minilm}"])
+    bench = Benchmark("mini-kqapro")
+    assert gpu_reserve(cfg, bench, indexes_resident=True) == 0  # no CUDA here: nothing of retrieval on a GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(index, "gpu_available", lambda: True)
+    monkeypatch.setattr(devices, "faiss_gpu_problem", lambda: None)
+    run, service = gpu_reserve(cfg, bench, False), gpu_reserve(cfg, bench, True)
+    assert 0 < run < service  # a run frees its indexes before the engine starts; a service keeps them
+    assert gpu_reserve(compose(ablation="full", overrides=[f"retrieval.encoder={minilm}"]), bench, True) == 0  # llama.cpp
+    set_by_hand = compose(ablation="full", overrides=["llm.backend=vllm", "llm.gpu_memory_utilization=0.5"])
+    assert gpu_reserve(set_by_hand, bench, True) == 0  # the user's share is the one that runs

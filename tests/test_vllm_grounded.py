@@ -41,7 +41,7 @@ def setting():
     """The default evaluation's first questions, their prompts (with candidates) and the grammar."""
     from cbr2.config import CONFIG_DIR, load_config
     from cbr2.data.benchmarks import Benchmark
-    from cbr2.evaluation.runner import _prepare, build_prompts, reach_of, select_questions
+    from cbr2.evaluation.runner import build_prompts, prepare, reach_of, select_questions
     from cbr2.generation.grammar import build_grammar
     from cbr2.retrieval.cases import Query
     from cbr2.retrieval.retriever import Retriever
@@ -51,7 +51,7 @@ def setting():
     assert cfg.generation.constrained and cfg.generation.grounded and cfg.retrieval.link
     bench = Benchmark(cfg.data.name, cfg.data.root)
     questions = select_questions(bench, cfg)[:N_PROMPTS]
-    cfg = _prepare(cfg, bench, retrieval_only=False)
+    cfg = prepare(cfg, bench)
     retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
     retrieved = {r.query.qid: r for r in retriever.retrieve([Query(q.qid, q.question) for q in questions])}
     prompts = build_prompts(cfg.prompt, cfg.generation, questions, retrieved, reach_of(cfg, bench))

@@ -131,8 +131,10 @@ class Prediction(_Judged, total=False):
     The required keys are ``score_generation``'s; the optional ones are added on the way:
     ``generated_chars`` / ``generated_sha256`` for a clipped text, ``values_count`` for clipped
     values and ``emptied_at`` (``{"step", "function"}``, 1-based: where a program that answered
-    nothing first had an empty result) (``scoring``); the cache keys ``prompt_hash`` and ``generation_key``, the token
-    counts and ``latency_s`` (the runner); ``grounded`` with grounded decoding (each grounded-kind
+    nothing first had an empty result), ``steps`` (each executed step's result: function, arguments,
+    what it holds, its size and first items, ``cbr2.kopl.executor.Executor.summarize``; None when no
+    program ran) (``scoring``); the cache keys ``prompt_hash`` and ``generation_key``, the token
+    counts, ``prompt_chars`` (the prompt's length as plain text) and ``latency_s`` (the runner); ``grounded`` with grounded decoding (each grounded-kind
     argument and whether the question's candidates held it, ``cbr2.generation.grounded``);
     ``single_pass`` and ``fallback`` with ``generation.fallback`` on; ``reasoning_types`` (KQA Pro's, of the
     gold program: ``data.questions.question_record``). Records of older runs may lack some keys; readers use ``.get``
@@ -143,10 +145,12 @@ class Prediction(_Judged, total=False):
     generated_sha256: str
     values_count: int
     emptied_at: dict[str, Any]
+    steps: list[dict[str, Any]] | None
     prompt_hash: str
     generation_key: str
     prompt_tokens: int | None
     completion_tokens: int | None
+    prompt_chars: int
     latency_s: float | None
     grounded: list[dict[str, Any]]
     reasoning_types: list[str]

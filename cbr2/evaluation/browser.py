@@ -16,6 +16,11 @@ few fields per question); the blocks after it hold the questions' details (answe
 generated text; ``CHUNK`` questions a block) and the run's triples and cases, and are parsed when
 a question is opened (its block and the triples') or a search needs them (every block).
 
+A question's details are its trace (``cbr2.evaluation.trace.build_trace``, the record the API and
+the ``ask`` command return), built from its prediction and retrieval records by the same function,
+then compacted for the page (``_compact``: triple texts as ids into one table, each case's text
+and triples stored once); the page's script expands it back (``traceOf`` in ``browser.js``).
+
 Generated text is untrusted: the JSON block escapes ``<``, ``>`` and ``&`` (no text can close the
 script), and the page renders every string as a text node, never as markup.
 """
@@ -43,17 +48,12 @@ from cbr2.evaluation.errors import CLASSES, classify
 from cbr2.evaluation.metrics import ERROR_KINDS, judged
 from cbr2.evaluation.records import load_records, utf8_json
 from cbr2.evaluation.run_report import run_title
+from cbr2.evaluation.trace import build_trace
 
 log = logging.getLogger(__name__)
 
 BROWSER = "browser.html"
 COMPARE = "compare.html"
-
-DROPPED_FIELDS = ("generation_key",)
-"""Record fields the page has no use for."""
-
-MAX_VALUES = 50
-"""Executed values kept per question (a MetaQA answer set can be long)."""
 
 SUMMARY_FIELDS = ("id", "question", "category", "verdict", "kind", "class")
 """A question's fields in the block parsed at load: what its row shows and the filters test."""
@@ -112,7 +112,7 @@ def _run_context(run_dir: Path, bench: Any, case_ids: set[str], selection: Seque
 
         cfg = OmegaConf.load(run_dir / "config.yaml")
         if bench is None:
-            bench = Benchmark(cfg.data.name, cfg.data.root)
+            bench = Benchmark.from_config(cfg.data)
         if selection is None:  # a folder read on its own (python -m cbr2.evaluation.browser)
             selection = select_questions(bench, cfg)
         index = {q.qid: i for i, q in enumerate(selection)}
@@ -150,14 +150,10 @@ class _Strings:
 
 def _question(qid: str, record: dict[str, Any] | None, selected: dict[str, Any] | None,
               index: int | None) -> dict[str, Any]:
-    """A question's entry without its retrieval: its prediction record (else what the selection
-    knows of it) with its verdict, error kind, error analysis, category and selection index."""
-    entry: dict[str, Any] = dict(record) if record else {**(selected or {"id": qid})}
-    for key in DROPPED_FIELDS:
-        entry.pop(key, None)
-    if isinstance(entry.get("values"), list) and len(entry["values"]) > MAX_VALUES:
-        entry["values_n"] = len(entry["values"])
-        entry["values"] = entry["values"][:MAX_VALUES]
+    """A question's entry without its trace: what its row shows and the filters test (id, question,
+    category, verdict, error kind, error class), its error analysis and its selection index."""
+    known = record or selected or {}
+    entry: dict[str, Any] = {"id": qid, "question": known.get("question")}
     if record is None:
         entry.update(verdict="n/a", kind="n/a", analysis=None)
     else:
@@ -168,28 +164,32 @@ def _question(qid: str, record: dict[str, Any] | None, selected: dict[str, Any] 
         except Exception as err:  # noqa: BLE001 - a malformed old record still gets its row
             entry["analysis"] = {"class": "other", "reason": "unparsable", "detail": f"{type(err).__name__}: {err}"}
     entry["class"] = entry["analysis"]["class"] if entry["analysis"] else "none"
-    entry["category"] = entry.get("category") or (selected or {}).get("category") or "unknown"
+    entry["category"] = known.get("category") or (selected or {}).get("category") or "unknown"
     entry["index"] = index
     return entry
 
 
-def _retrieved(ret: dict[str, Any], strings: _Strings, cases: dict[str, dict[str, Any]],
-               case_text: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """A question's retrieval record as the page stores it: triples as ids into ``strings``,
-    each case as ``[id, views, scores]`` (its text and triples entered in ``cases`` once)."""
-    found = []
-    for c in ret.get("cases") or ():
-        if not isinstance(c, dict) or not isinstance(c.get("id"), str):
-            continue
-        cid = c["id"]
-        knowledge = {"ontology": strings.ids(c.get("ontology")), "facts": strings.ids(c.get("facts"))}
-        if cid not in cases:
-            cases[cid] = {**case_text.get(cid, {}), **knowledge}
-        hit: list[Any] = [cid, c.get("views") or [], c.get("scores") or []]
-        if {k: cases[cid][k] for k in knowledge} != knowledge:
-            hit.append(knowledge)  # retrieved with other triples than its first occurrence
-        found.append(hit)
-    return {"ontology": strings.ids(ret.get("ontology")), "facts": strings.ids(ret.get("facts")), "cases": found}
+def _compact(trace: dict[str, Any], strings: _Strings, cases: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A trace as the page stores it: each triple as ``[id into strings, score]``, each case as
+    ``[id, [[view, score], ...]]`` with its question, program and triples entered in ``cases``
+    once (a third element holds its triples when they differ from those stored). ``traceOf`` in
+    ``browser.js`` expands it back to the trace."""
+    out = dict(trace)
+    if trace["knowledge"] is not None:
+        out["knowledge"] = {kind: [[strings.ids([t["text"]])[0], t["score"]] for t in trace["knowledge"][kind]]
+                            for kind in ("ontology", "facts")}
+    if trace["cases"] is not None:
+        hits = []
+        for c in trace["cases"]:
+            knowledge = {"ontology": strings.ids(c["ontology"]), "facts": strings.ids(c["facts"])}
+            if c["id"] not in cases:
+                cases[c["id"]] = {"question": c["question"], "program": c["program"], **knowledge}
+            hit: list[Any] = [c["id"], [[f["view"], f["score"]] for f in c["found_by"]]]
+            if {k: cases[c["id"]][k] for k in knowledge} != knowledge:
+                hit.append(knowledge)  # retrieved with other triples than its first occurrence
+            hits.append(hit)
+        out["cases"] = hits
+    return out
 
 
 def browser_data(run_dir: str | Path, bench: Any = None, records: Sequence[dict[str, Any]] | None = None,
@@ -207,14 +207,14 @@ def browser_data(run_dir: str | Path, bench: Any = None, records: Sequence[dict[
 
     Returns:
         ``{"title", "summary", "has_predictions", "has_retrieval", "prompt_command", "strings", "cases",
-        "categories", "kinds", "classes", "questions"}``:
-        a question is its prediction record (as stored, minus ``generation_key``) with
-        ``verdict`` (``right``, ``wrong`` or ``n/a``), ``kind`` (error kind or ``none``),
+        "categories", "kinds", "classes", "questions"}``: a question is ``{"id", "question",
+        "category", "verdict", "kind", "class", "analysis", "index", "trace"}``: ``verdict``
+        (``right``, ``wrong`` or ``n/a``), ``kind`` (error kind or ``none``), ``class`` and
         ``analysis`` (``errors.classify``: class, reason, detail; None when right), ``index``
-        (position in the selection, for ``--show-prompt``; None when unknown) and ``retrieval``
-        (``{"ontology", "facts"}``: ids into ``strings``, ``"cases"``: ``[id, views, scores]``;
-        None without a retrieval record). ``cases`` maps a case id to its question, program and
-        retrieved triples.
+        (position in the selection, for ``--show-prompt``; None when unknown) and ``trace``, its
+        ``build_trace`` from its prediction and retrieval records as ``_compact`` stores it (triple
+        texts are ids into ``strings``; ``cases`` maps a case id to its question, program and
+        retrieved triples).
     """
     run_dir = Path(run_dir)
     metrics = _read_json(run_dir / "metrics.json")
@@ -231,9 +231,10 @@ def browser_data(run_dir: str | Path, bench: Any = None, records: Sequence[dict[
     cases: dict[str, dict[str, Any]] = {}
     questions = []
     for qid in ids:
-        entry = _question(qid, predictions.get(qid), selected.get(qid), index.get(qid))
-        ret = retrieval.get(qid)
-        entry["retrieval"] = None if ret is None else _retrieved(ret, strings, cases, case_text)
+        record, known = predictions.get(qid), selected.get(qid) or {"id": qid}
+        entry = _question(qid, record, known, index.get(qid))
+        trace = build_trace(record, retrieval.get(qid), question=known, cases=case_text)
+        entry["trace"] = _compact(trace, strings, cases)
         questions.append(entry)
 
     order = list(metrics.get("per_category") or ())

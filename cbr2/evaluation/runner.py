@@ -7,6 +7,12 @@ provenance and the predictions cache are ``cbr2.evaluation.run_folder``'s.
 
 ``predictions.jsonl`` is appended (and flushed) as answers come, so a crashed or interrupted
 run resumes where it stopped: questions already in the file are not generated again.
+
+The stages are functions and one class that the Python API (``cbr2.service``) calls too, so a
+question asked there goes the way an evaluated one does: ``prepare`` (checks, the structural
+retriever resolved), a ``Retriever`` when the configuration ``retrieves``, ``reach_of`` and
+``build_prompts``, then an ``Answerer`` (the backend under the run's grammar, the executor and the
+canonicaliser, built once) whose ``answer`` generates, scores and, with the fallback, corrects.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from cbr2.generation.prompt import PromptBuilder, prompt_hash
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.sketch import schema_items, sketch
 from cbr2.kopl.text import parse_text
-from cbr2.llm import check_capabilities, make_backend
+from cbr2.llm import backend_class, check_capabilities, make_backend
 from cbr2.retrieval.cases import VIEWS, Query
 from cbr2.retrieval.knowledge import Knowledge
 from cbr2.retrieval.metrics import linking_metrics, retrieval_metrics
@@ -59,9 +65,10 @@ BATCH = 64
 """Questions per retrieval batch."""
 
 
-def _prepare(cfg: DictConfig, bench: Benchmark, retrieval_only: bool) -> DictConfig:
+def prepare(cfg: DictConfig, bench: Benchmark, retrieval_only: bool = False) -> DictConfig:
     """Checks that fail fast; the configuration with the structural retriever resolved (a new
-    one: the caller's is left as it is)."""
+    one: the caller's is left as it is), trained first when an embedded benchmark has none
+    (``resolve_structural``)."""
     if not retrieval_only:
         # A misspelt backend, or one that cannot decode what the generation section asks, fails
         # before minutes of retrieval and model loading.
@@ -130,17 +137,17 @@ def show_prompt(cfg: DictConfig, index: int) -> str:
     Raises:
         ValueError: If ``index`` is outside the selected questions.
     """
-    bench = Benchmark(cfg.data.name, cfg.data.root)
+    bench = Benchmark.from_config(cfg.data)
     questions = select_questions(bench, cfg)
     if not 0 <= index < len(questions):
         raise UserError(f"--show-prompt {index}: the selection has {len(questions)} questions (0..{len(questions) - 1})")
-    cfg = _prepare(cfg, bench, retrieval_only=False)
+    cfg = prepare(cfg, bench)
     question = questions[index]
     # On stderr (stdout is the prompt alone), so the prompt can be matched to predictions.jsonl.
     log.info("--show-prompt %d: question id %s (%s), number %d of the %d selected: %s", index, question.qid,
              question.category, index + 1, len(questions), question.question)
     retrieved = {}
-    if _retrieves(cfg.retrieval):
+    if retrieves(cfg.retrieval):
         retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
         retrieved = {question.qid: retriever.retrieve([Query(question.qid, question.question)])[0]}
     (prompt,) = build_prompts(cfg.prompt, cfg.generation, [question], retrieved, reach_of(cfg, bench))
@@ -164,13 +171,13 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
         The metrics (also written to ``metrics.json``).
     """
     ablation = canonical_ablation(ablation)
-    bench = Benchmark(cfg.data.name, cfg.data.root)
+    bench = Benchmark.from_config(cfg.data)
     shard, num_shards = resolve_shard(cfg.eval)
     cfg = OmegaConf.merge(cfg, {"eval": {"shard": shard, "num_shards": num_shards}})  # as config.yaml records it
     selection = select_questions(bench, cfg)
     questions = shard_of(selection, shard, num_shards)
     out = output_dir(cfg, bench, retrieval_only, ablation)
-    cfg = _prepare(cfg, bench, retrieval_only)
+    cfg = prepare(cfg, bench, retrieval_only)
     out.mkdir(parents=True, exist_ok=True)
     # One writer per folder, from the config check to the last file: a second run (the same
     # command in two terminals, a requeued task whose first incarnation still runs) waits for it.
@@ -204,13 +211,9 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
     Returns:
         The records of ``questions``, in order.
     """
-    gen = cfg.generation
     pred_path = out / "predictions.jsonl"
-    grammar = None
-    if gen.constrained:
-        grammar = build_grammar(cfg, bench)
-    backend = make_backend(cfg.llm, questions, grammar=grammar, program_format=cfg.prompt.format)
-    gen_key = generation_key(cfg.generation, backend)
+    answerer = Answerer(cfg, bench, questions)
+    gen_key = answerer.generation_key
     hashes = [prompt_hash(p) for p in prompts]
     done = load_predictions(pred_path, repair=True)  # cuts a half-written last record before appending
     cached = {q.qid for q, h in zip(questions, hashes, strict=True)
@@ -222,21 +225,115 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
     if not todo and not pending:
         return [done[q.qid] for q in questions]
 
-    executor = Executor(bench.kb, cfg.eval.timeout_s, engine=cfg.eval.executor)
-    canonicalize = None
-    if gen.canonicalize:
-        canonicalize = build_canonicalizer(cfg, bench)
-
-    def score(text: str, i: int) -> Prediction:
-        return score_completion(text, questions[i], bench, executor, cfg.prompt.format, canonicalize=canonicalize)
-
     with pred_path.open("a", encoding="utf-8") as sink:
         def write(record: Prediction) -> None:
             append_record(sink, record)
             done[record["id"]] = record
 
+        answerer.answer(questions, prompts, write, todo, [(i, done[questions[i].qid]) for i in pending], hashes)
+    return [done[q.qid] for q in questions]
+
+
+def gpu_reserve(cfg: DictConfig, bench: Benchmark, indexes_resident: bool) -> int:
+    """Bytes an engine that takes a share of the GPU at start (vLLM) must leave to retrieval in this
+    process (``cbr2.retrieval.gpu_memory.retrieval_beside``, logged); 0 for other backends, or when
+    ``llm.gpu_memory_utilization`` is set (the user's share is the one that runs)."""
+    if cfg.llm.gpu_memory_utilization is not None or not getattr(backend_class(cfg.llm.backend), "shares_gpu", False):
+        return 0
+    from cbr2.retrieval.gpu_memory import retrieval_beside
+
+    beside = retrieval_beside(bench, cfg.retrieval, cfg.structural.checkpoint, bool(cfg.generation.canonicalize),
+                              indexes_resident)
+    log.info("the engine's share of the GPU leaves %s", beside.describe())
+    return beside.total
+
+
+class Answerer:
+    """Generation and scoring of prompts for one configuration: the backend (under the run's grammar
+    with ``generation.constrained``), the executor and the canonicaliser, each built once and used
+    for every ``answer`` call (the evaluation loop makes one per run; the Python API one for all its
+    questions).
+
+    Building it loads no weights (they load on the first generation); the executor and the
+    canonicaliser are built when something is first scored, or by ``load``: a run whose answers
+    are all cached builds neither.
+
+    Args:
+        cfg: The resolved configuration (``prepare``).
+        bench: The benchmark: its KB (grammar, executor, canonicaliser) and answer form.
+        questions: The questions the gold writer (``llm.backend=gold``) writes programs for; other
+            backends ignore them.
+        indexes_resident: Whether retrieval's indexes stay beside the engine (a process that
+            answers questions as they come) rather than being freed before it starts (a run): an
+            engine that takes a share of the GPU at start leaves them room (``gpu_reserve``).
+
+    Attributes:
+        backend: The built backend (``cbr2.llm.make_backend``).
+        generation_key: The predictions cache's second key (``run_folder.generation_key``).
+    """
+
+    def __init__(self, cfg: DictConfig, bench: Benchmark, questions: Sequence[Question] = (),
+                 indexes_resident: bool = False):
+        self.cfg, self.bench = cfg, bench
+        grammar = build_grammar(cfg, bench) if cfg.generation.constrained else None
+        self.backend = make_backend(cfg.llm, questions, grammar=grammar, program_format=cfg.prompt.format,
+                                    gpu_reserve_bytes=gpu_reserve(cfg, bench, indexes_resident))
+        self.generation_key = generation_key(cfg.generation, self.backend)
+        self._executor: Executor | None = None
+        self._canonicalize: Canonicalizer | None = None
+
+    def load(self) -> None:
+        """Build the executor and the canonicaliser now, if not yet (a server's first question then
+        costs what the next ones do)."""
+        if self._executor is None:
+            self._executor = Executor(self.bench.kb, self.cfg.eval.timeout_s, engine=self.cfg.eval.executor)
+            if self.cfg.generation.canonicalize:
+                self._canonicalize = build_canonicalizer(self.cfg, self.bench)
+
+    @property
+    def executor(self) -> Executor:
+        """The executor of ``eval.executor``, bounded by ``eval.timeout_s`` (built on first use)."""
+        self.load()
+        return self._executor
+
+    def score(self, text: str, question: Question) -> Prediction:
+        """``score_completion`` of a generated text for ``question`` under this configuration."""
+        return score_completion(text, question, self.bench, self.executor, self.cfg.prompt.format,
+                                canonicalize=self._canonicalize)
+
+    def answer(self, questions: Sequence[Question], prompts: Sequence[Prompt], write: Callable[[Prediction], None],
+               todo: Sequence[int] | None = None, pending: Sequence[tuple[int, Prediction]] = (),
+               hashes: Sequence[str] | None = None, show_progress: bool = True) -> None:
+        """Generate for the questions of ``todo`` in one ``generate`` call, score each text as it
+        comes and hand its record to ``write``; with ``generation.fallback``, then one correction
+        round, in one more call, for the first passes that failed visibly (each written at once,
+        marked pending, then again as its final record).
+
+        A record carries what its prompt and the backend say of it: ``prompt_hash``,
+        ``generation_key``, the token counts, ``prompt_chars``, the backend's decoding fields,
+        ``grounded`` (with grounded decoding), and ``latency_s``: the wall time since the
+        previous answer, so that their sum is the generation time, also for backends that return
+        a whole batch at once.
+
+        Args:
+            questions: The questions (ids and texts; their gold side is read only to judge).
+            prompts: Their prompts (``build_prompts``), aligned with ``questions``.
+            write: Receives each record (pending first passes, then final records).
+            todo: The indices of the questions to generate for (default: all).
+            pending: ``(index, pending first-pass record)`` of corrections still owed (a resumed run's).
+            hashes: ``prompt_hash`` of each prompt (computed when not given).
+            show_progress: Show the progress display.
+        """
+        gen = self.cfg.generation
+        todo = list(range(len(questions)) if todo is None else todo)
+        hashes = list(hashes) if hashes is not None else [prompt_hash(p) for p in prompts]
+        corrections = list(pending)
+
+        def score(text: str, i: int) -> Prediction:
+            return self.score(text, questions[i])
+
         if todo:
-            with progress(total=len(todo), desc="generate", unit="q") as bar:
+            with progress(total=len(todo), desc="generate", unit="q", disable=not show_progress) as bar:
                 last = [time.perf_counter()]
 
                 def on_result(j: int, completion: Completion) -> None:
@@ -244,26 +341,25 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
                     now = time.perf_counter()
                     record = (unanswered(questions[i], PROMPT_TOO_LONG, completion.overflow) if completion.overflow
                               else score(completion.text, i))
-                    # What the prompt and the backend know of how the text was decoded, as they give it;
-                    # latency is the wall time since the previous answer: their sum is the run's
-                    # generation time, also for backends that return a whole batch at once.
+                    # What the prompt and the backend know of how the text was decoded, as they give it.
                     record.update(_prompt_fields(record, prompts[i]), **completion.decoding)
-                    record.update(prompt_hash=hashes[i], generation_key=gen_key,
+                    record.update(prompt_hash=hashes[i], generation_key=self.generation_key,
                                   prompt_tokens=completion.prompt_tokens,
-                                  completion_tokens=completion.completion_tokens, latency_s=now - last[0])
+                                  completion_tokens=completion.completion_tokens, prompt_chars=len(prompts[i].text),
+                                  latency_s=now - last[0])
                     last[0] = now
                     if gen.fallback:
                         record = first_pass(record)
                         if is_pending(record):
-                            pending.append(i)
+                            corrections.append((i, record))
                     write(record)
                     bar.update()
 
-                backend.generate([prompts[i] for i in todo], on_result=on_result, **_choice(gen, todo, score))
-        if pending:
-            _correct(cfg, bench, canonicalize, backend, [(i, prompts[i], done[questions[i].qid]) for i in pending],
-                     score, write)
-    return [done[q.qid] for q in questions]
+                self.backend.generate([prompts[i] for i in todo], on_result=on_result, **_choice(gen, todo, score))
+        if corrections:
+            self.load()
+            _correct(self.bench, self._canonicalize, self.backend,
+                     [(i, prompts[i], record) for i, record in corrections], score, write, show_progress)
 
 
 def _choice(gen: DictConfig, todo: Sequence[int], score: Callable[[str, int], Prediction]) -> dict[str, Any]:
@@ -293,9 +389,9 @@ def _prompt_fields(record: Prediction, prompt: Prompt) -> dict[str, Any]:
     return {"grounded": grounded_arguments(program, dict(prompt.grounding))}
 
 
-def _correct(cfg: DictConfig, bench: Benchmark, canonicalize: Any, backend: Any,
-             failed: Sequence[tuple[int, Prompt, Prediction]], score: Callable[[str, int], Prediction],
-             write: Callable[[Prediction], None]) -> None:
+def _correct(bench: Benchmark, canonicalize: Any, backend: Any, failed: Sequence[tuple[int, Prompt, Prediction]],
+             score: Callable[[str, int], Prediction], write: Callable[[Prediction], None],
+             show_progress: bool = True) -> None:
     """The fallback's correction round: one prompt per failed first pass, all in one ``generate`` call.
 
     The same backend object generates (under the same grammar when constrained). Suggestions
@@ -308,7 +404,8 @@ def _correct(cfg: DictConfig, bench: Benchmark, canonicalize: Any, backend: Any,
     Args:
         failed: ``(question index, its prompt, its pending first-pass record)`` each.
         score: Scores a generated text for question index ``i``.
-        write: Appends a final record to ``predictions.jsonl``.
+        write: Receives each final record (the run appends it to ``predictions.jsonl``).
+        show_progress: Show the progress display.
     """
     start = time.perf_counter()
     if canonicalize is None:
@@ -316,7 +413,7 @@ def _correct(cfg: DictConfig, bench: Benchmark, canonicalize: Any, backend: Any,
     corrections = [build_correction(prompt, record, bench.kb.vocabulary, canonicalize.nearest)
                    for _, prompt, record in failed]
     log.info("fallback: correcting %d failed programs", len(corrections))
-    with progress(total=len(corrections), desc="correct", unit="q") as bar:
+    with progress(total=len(corrections), desc="correct", unit="q", disable=not show_progress) as bar:
         last = [start]
 
         def on_result(j: int, completion: Completion) -> None:
@@ -329,7 +426,8 @@ def _correct(cfg: DictConfig, bench: Benchmark, canonicalize: Any, backend: Any,
         backend.generate(corrections, on_result=on_result)
 
 
-def _retrieves(r: DictConfig, extra_views: Sequence[str] = ()) -> bool:
+def retrieves(r: DictConfig, extra_views: Sequence[str] = ()) -> bool:
+    """Whether the ``retrieval`` section retrieves anything (cases, triples, or ``extra_views`` to score)."""
     return bool(extra_views) or r.cases != "none" or r.k_ontology > 0 or r.k_facts > 0
 
 
@@ -345,7 +443,7 @@ def run_retrieval(cfg: DictConfig, bench: Benchmark, questions: list[Question], 
         nothing) and the retrieved items by question id.
     """
     r = cfg.retrieval
-    if not _retrieves(r, extra_views):
+    if not retrieves(r, extra_views):
         return None, {}
     retriever = Retriever(bench, r, cfg.structural.checkpoint, extra_views)
     start = time.perf_counter()

@@ -9,6 +9,11 @@ Whatever the text holds, judging it is bounded: the parser and repair read at mo
 An unexpected exception is recorded as this prediction's error (code ``INTERNAL_ERROR``,
 logged with its traceback) instead of ending the evaluation; the fuzz tier
 (``tests/test_fuzz.py``) checks that none occurs.
+
+A program that ran keeps each step's result in ``steps`` (``Executor.summarize``: function,
+arguments, what the result holds, its size and first items), read from the results execution
+computed; a program that failed during execution keeps the steps before the failing one, and its
+``error`` names that step (``error.step``), as a parse or type error names its line.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ def unanswered(question: Question, kind: str, message: str) -> Prediction:
     """
     record = question_record(question)
     record.update(generated="", repairs=[], syntax_error_before_repair=False, syntax_error=False, program=None,
-                  unknown_arguments=None, canonicalized=[], answer=None, values=None, correct=False)
+                  unknown_arguments=None, canonicalized=[], answer=None, values=None, steps=None, correct=False)
     return _fail(record, kind, {"kind": kind, "code": kind, "line": None, "message": message})
 
 
@@ -100,12 +105,14 @@ def score_generation(text: str, question: Question, bench: Benchmark, executor: 
         A ``predictions.jsonl`` record (``common.records.Prediction``): the question's gold side,
         ``generated``, ``program`` (DAG text of the parsed program or None), ``repairs``, ``answer``, ``values``,
         ``unknown_arguments`` (arguments naming no KB item of their slot, before any
-        canonicalisation), ``canonicalized``, ``correct``, ``error_kind`` (None when right, else one of
-        ``metrics.ERROR_KINDS``), ``error`` details and the two syntax flags SER counts.
+        canonicalisation), ``canonicalized``, ``steps`` (``Executor.summarize`` of the steps that
+        ran; None when no program was executed), ``correct``, ``error_kind`` (None when right, else
+        one of ``metrics.ERROR_KINDS``), ``error`` details (a parse or type error's ``line``, an
+        execution error's ``step``) and the two syntax flags SER counts.
     """
     record = question_record(question)
     record.update(clipped_text(text), repairs=[], syntax_error_before_repair=True, syntax_error=True, program=None,
-                  unknown_arguments=None, canonicalized=[], answer=None, values=None, correct=False)
+                  unknown_arguments=None, canonicalized=[], answer=None, values=None, steps=None, correct=False)
     try:
         return _score(text, record, question, bench, executor, fmt, canonicalize)
     except Exception as err:
@@ -132,9 +139,13 @@ def _score(text: str, record: Prediction, question: Question, bench: Benchmark, 
     if canonicalize is not None and record["unknown_arguments"]:
         program, record["canonicalized"] = canonicalize(program)
     record["program"] = to_text(program, "dag")
+    results: list[Any] = []  # filled as steps end: after a failure, the steps before it
     try:
-        results = executor.results(program)
-        values = executor.answer(results[-1])
+        try:
+            executor.results(program, results)
+            values = executor.answer(results[-1])
+        finally:
+            record["steps"] = executor.summarize(program, results)
     except ExecutionError as err:
         return _fail(record, "execution", err.to_dict())
     answer = bench.answer_from_values(values, program)

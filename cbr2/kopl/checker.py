@@ -54,7 +54,7 @@ def check_types(program: Program) -> None:
     """Check a parsed program against KoPL's typing rules.
 
     Raises:
-        ProgramError: kind ``type``, with the step (1-based) in the message.
+        ProgramError: kind ``type``, with the step (1-based) in the message and in ``step``.
     """
     produced: list[str] = []
     for i, step in enumerate(program.steps):
@@ -70,17 +70,19 @@ def check_types(program: Program) -> None:
                 code, why = "verify_needs_values", "must follow QueryAttr or QueryAttrUnderCondition"
             else:
                 code, why = "input_type", f"needs {want}"
-            raise ProgramError(TYPE, code, f"{at} {why}, but its input is {got}")
+            raise ProgramError(TYPE, code, f"{at} {why}, but its input is {got}", step=i + 1)
         for arg, value in zip(spec.args, step.inputs):
             if arg.kind in CLOSED_KINDS and value not in CLOSED_KINDS[arg.kind]:
                 raise ProgramError(
                     TYPE, f"invalid_{arg.kind}",
-                    f"{at}: {arg.name} must be one of {', '.join(CLOSED_KINDS[arg.kind])}, got {value!r}")
+                    f"{at}: {arg.name} must be one of {', '.join(CLOSED_KINDS[arg.kind])}, got {value!r}", step=i + 1)
             if arg.kind in _LITERAL_CHECKS and not _LITERAL_CHECKS[arg.kind](value):
-                raise ProgramError(TYPE, "bad_literal", f"{at}: {arg.name} {value!r} is not a {arg.kind}")
+                raise ProgramError(TYPE, "bad_literal", f"{at}: {arg.name} {value!r} is not a {arg.kind}",
+                                   step=i + 1)
         produced.append(spec.output)
     if produced[-1] not in ANSWER_TYPES:
-        raise ProgramError(TYPE, "no_answer", f"the program ends with {produced[-1]}, not with a query")
+        raise ProgramError(TYPE, "no_answer", f"the program ends with {produced[-1]}, not with a query",
+                           step=len(produced))
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,22 @@ from typing import Any
 
 
 class ExecutionError(RuntimeError):
-    """A program that could not be executed; ``code`` says why (e.g. ``unknown_entity``)."""
+    """A program that could not be executed; ``code`` says why (e.g. ``unknown_entity``).
 
-    def __init__(self, code: str, message: str):
+    Attributes:
+        code: Why, in a short stable identifier.
+        step: The 1-based step that failed, when known (the executor sets it for the step it was
+            running: where the failure is, which the message of an engine exception does not say).
+    """
+
+    def __init__(self, code: str, message: str, step: int | None = None):
         self.code = code
+        self.step = step
         super().__init__(f"execution error [{code}]: {message}")
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready description (used in ``predictions.jsonl``)."""
-        return {"kind": "execution", "code": self.code, "message": str(self)}
+        """A JSON-ready description (used in ``predictions.jsonl``); ``step`` when known."""
+        out: dict[str, Any] = {"kind": "execution", "code": self.code, "message": str(self)}
+        if self.step is not None:
+            out["step"] = self.step
+        return out

@@ -27,16 +27,20 @@ class ProgramError(ValueError):
         line: 1-based line of the text where the error was found, when known.
         detail: The message alone, without kind, code and line: what a data file's error
             quotes after the item (``val.json: [3].program[0]: unknown function 'Fnd'``).
+        step: 1-based step a type error is about, when known (the checker's; the message names it too).
     """
 
-    def __init__(self, kind: str, code: str, message: str, line: int | None = None):
-        self.kind, self.code, self.line, self.detail = kind, code, line, message
+    def __init__(self, kind: str, code: str, message: str, line: int | None = None, step: int | None = None):
+        self.kind, self.code, self.line, self.detail, self.step = kind, code, line, message, step
         where = f"line {line}: " if line is not None else ""
         super().__init__(f"{kind} error [{code}]: {where}{message}")
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready description (used in ``predictions.jsonl``)."""
-        return {"kind": self.kind, "code": self.code, "line": self.line, "message": str(self)}
+        """A JSON-ready description (used in ``predictions.jsonl``); ``step`` when known."""
+        out: dict[str, Any] = {"kind": self.kind, "code": self.code, "line": self.line, "message": str(self)}
+        if self.step is not None:
+            out["step"] = self.step
+        return out
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,9 @@ MIN_PREFIX = 5
 """Shortest stem that matches a longer one it begins (``direct`` / ``director``); shorter stems
 match only themselves, so ``act`` does not reach ``actor``."""
 
+Scored = tuple[Triple, float]
+"""A retrieved triple with its similarity to the question."""
+
 _WORD = re.compile(r"[^\W_]+")
 _SCHEMA_KINDS = ("relation", "key", "qkey")
 
@@ -105,10 +108,20 @@ def mentions(triple: Triple, stems: frozenset[str]) -> bool:
 
 @dataclass(frozen=True)
 class Knowledge:
-    """Triples retrieved for one question, best first."""
+    """Triples retrieved for one question, best first.
+
+    Attributes:
+        ontology: Ontology triples.
+        facts: Fact triples.
+        ontology_scores: The question's similarity to each ontology triple (inner product of
+            their embeddings), aligned with ``ontology``; empty when not known (built by hand).
+        facts_scores: The same for ``facts``.
+    """
 
     ontology: tuple[Triple, ...] = ()
     facts: tuple[Triple, ...] = ()
+    ontology_scores: tuple[float, ...] = ()
+    facts_scores: tuple[float, ...] = ()
 
     def terms(self) -> set[tuple[str, str]]:
         """Schema items mentioned by any retrieved triple (for knowledge recall)."""
@@ -187,11 +200,13 @@ class KnowledgeRetriever:
         words = self.match == "words"
         if words and questions is None:
             raise ValueError("retrieval.knowledge_match=words needs the questions' texts")
-        found = {}
+        # Each kind as (triple, score) pairs per question: the scores go into the records with the triples.
+        found: dict[str, list[tuple[Scored, ...]]] = {}
         for label, triples, k in (("ontology", self.ontology, self.k_ontology), ("facts", self.facts, self.k_facts)):
             if label in self._indexes:
-                _, ids = search(self._indexes[label], query_embeddings, max(k, CANDIDATES) if words else k)
-                found[label] = [tuple(triples[i] for i in row if i >= 0) for row in ids]
+                scores, ids = search(self._indexes[label], query_embeddings, max(k, CANDIDATES) if words else k)
+                found[label] = [tuple((triples[i], float(s)) for s, i in zip(srow, row) if i >= 0)
+                                for srow, row in zip(scores, ids, strict=True)]
             else:
                 found[label] = [()] * len(query_embeddings)
         if linked is not None and self._fact_embeddings is not None:
@@ -201,25 +216,28 @@ class KnowledgeRetriever:
             for i, question in enumerate(questions):
                 names = frozenset(linked[i]) if linked is not None else frozenset()
                 stems = asked_stems(question, names)
-                found["ontology"][i] = tuple(islice((t for t in found["ontology"][i] if mentions(t, stems)),
+                found["ontology"][i] = tuple(islice((t for t in found["ontology"][i] if mentions(t[0], stems)),
                                                     self.k_ontology))
                 # Facts of the question's own entities only, when it has any: another entity's fact
                 # shows a matching key with a name the question never gives, which a small model copies.
                 own = any(self.facts_of(name) for name in names)
-                found["facts"][i] = tuple(islice((t for t in found["facts"][i] if mentions(t, stems) and (
-                    not own or t.subject in names or t.object in names)), self.k_facts))
-        return [Knowledge(ont, facts) for ont, facts in zip(found["ontology"], found["facts"], strict=True)]
+                found["facts"][i] = tuple(islice((t for t in found["facts"][i] if mentions(t[0], stems) and (
+                    not own or t[0].subject in names or t[0].object in names)), self.k_facts))
+        return [Knowledge(tuple(t for t, _ in ont), tuple(t for t, _ in facts),
+                          tuple(s for _, s in ont), tuple(s for _, s in facts))
+                for ont, facts in zip(found["ontology"], found["facts"], strict=True)]
 
-    def _linked_first(self, query: np.ndarray, names: tuple[str, ...], nearest: tuple[Triple, ...],
-                      limit: int | None) -> tuple[Triple, ...]:
+    def _linked_first(self, query: np.ndarray, names: tuple[str, ...], nearest: tuple[Scored, ...],
+                      limit: int | None) -> tuple[Scored, ...]:
         """The linked entities' facts nearest the question, then ``nearest``; the first ``limit``
-        (None: all of them, for the word match to choose from)."""
+        (None: all of them, for the word match to choose from). Each with its similarity: the
+        inner product the index ranks ``nearest`` by."""
         ids = sorted({i for name in names for i in self.facts_of(name)})
         if not ids:
             return nearest[:limit]
         scores = self._fact_embeddings[ids] @ query
-        order = [ids[j] for j in np.argsort(-scores, kind="stable")[:limit]]
-        chosen = [self.facts[i] for i in order]
-        seen = set(chosen)
-        chosen += [t for t in nearest if t not in seen]
+        order = np.argsort(-scores, kind="stable")[:limit]
+        chosen = [(self.facts[ids[j]], float(scores[j])) for j in order]
+        seen = {t for t, _ in chosen}
+        chosen += [pair for pair in nearest if pair[0] not in seen]
         return tuple(chosen[:limit])

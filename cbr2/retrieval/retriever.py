@@ -63,12 +63,19 @@ class Retrieved:
     case_links: list[Links] = field(default_factory=list)
 
     def to_record(self) -> dict:
-        """One line of ``retrieval.jsonl``."""
+        """One line of ``retrieval.jsonl``: ``id``, ``links`` (with linking), the question's
+        ``ontology`` and ``facts`` triples (text, best first) with their similarities
+        (``ontology_scores``, ``facts_scores``, aligned; left out when not known), and its
+        ``cases``, each with ``views`` and their ``scores`` and its own triples."""
+        k = self.knowledge
+        scores = {name: list(values) for name, values in (("ontology_scores", k.ontology_scores),
+                                                          ("facts_scores", k.facts_scores)) if values}
         return {
             "id": self.query.qid,
             **({"links": self.links.to_record()} if self.links is not None else {}),
-            "ontology": [t.text for t in self.knowledge.ontology],
-            "facts": [t.text for t in self.knowledge.facts],
+            "ontology": [t.text for t in k.ontology],
+            "facts": [t.text for t in k.facts],
+            **scores,
             "cases": [{"id": c.question.qid, "views": list(c.views), "scores": list(c.scores),
                        "ontology": [t.text for t in k.ontology], "facts": [t.text for t in k.facts]}
                       for c, k in zip(self.cases, self.case_knowledge or [Knowledge()] * len(self.cases), strict=True)],

@@ -29,76 +29,114 @@ function header() {
             el("p", {class: "summary"}, bits.join(" · "), " · ", el("a", {href: "report.md"}, "report.md")));
 }
 
-function triples(ids, what) {
-  const S = block(0).strings;
-  if (!ids || !ids.length) return el("div", {class: "note"}, "no " + what);
-  return el("ol", {class: "triples"}, ids.map(i => el("li", {}, S[i])));
+function traceOf(q) {  // the question's trace as build_trace made it: browser.py's _compact undone
+  const t = Object.assign({}, q.trace), S = block(0).strings, C = block(0).cases;
+  const texts = ids => (ids || []).map(i => S[i]);
+  if (t.knowledge) {
+    const k = {};
+    for (const kind of ["ontology", "facts"]) k[kind] = t.knowledge[kind].map(([i, score]) => ({text: S[i], score: score}));
+    t.knowledge = k;
+  }
+  if (t.cases) t.cases = t.cases.map(([id, found, own]) => {
+    const c = C[id] || {}, k = own || c;
+    return {id: id, question: c.question === undefined ? null : c.question,
+            program: c.program === undefined ? null : c.program,
+            found_by: found.map(([view, score]) => ({view: view, score: score})),
+            ontology: texts(k.ontology), facts: texts(k.facts)};
+  });
+  return t;
 }
 
-function caseBlock(hit, rank) {
-  const [cid, views, scores, own] = hit, c = block(0).cases[cid] || {}, k = own || c;
-  const found = views.map((v, i) => v + (typeof scores[i] === "number" ? " " + scores[i].toFixed(3) : "")).join(", ");
+function score(x) { return typeof x === "number" ? x.toFixed(3) : null; }
+
+function triples(items, what) {
+  if (!items || !items.length) return el("div", {class: "note"}, "no " + what);
+  return el("ol", {class: "triples"}, items.map(t => el("li", {}, typeof t === "string" ? t : [t.text,
+    score(t.score) ? el("span", {class: "score"}, " " + score(t.score)) : null])));
+}
+
+function caseBlock(c, rank) {
+  const found = c.found_by.map(f => f.view + (score(f.score) ? " " + score(f.score) : "")).join(", ");
   const d = el("details", {class: "case"},
-    el("summary", {}, rank + 1 + ". ", el("span", {class: "qid"}, cid), " ", el("span", {class: "score"}, found), " ",
+    el("summary", {}, rank + 1 + ". ", el("span", {class: "qid"}, c.id), " ", el("span", {class: "score"}, found), " ",
        c.question || ""));
   d.addEventListener("toggle", () => {
     if (!d.open || d.dataset.built) return;
     d.dataset.built = "1";
     d.append(code(c.program, "program not known (the benchmark could not be loaded)"),
-             el("h3", {}, "its ontology triples"), triples(k.ontology, "ontology triples"),
-             el("h3", {}, "its fact triples"), triples(k.facts, "fact triples"));
+             el("h3", {}, "its ontology triples"), triples(c.ontology, "ontology triples"),
+             el("h3", {}, "its fact triples"), triples(c.facts, "fact triples"));
   });
   return d;
 }
 
+function steps(list) {  // each executed step: its call, the steps it reads, what its result holds
+  if (!list) return el("div", {class: "note"}, "no program ran");
+  if (!list.length) return el("div", {class: "note"}, "no step ran");
+  return el("ol", {class: "steps"}, list.map(s => {
+    const single = s.holds === "a count" || s.holds === "yes/no" || s.holds === "a name";
+    const more = s.count > s.first.length ? ", …" : "";
+    return el("li", {value: s.step}, el("code", {}, s.function + "[" + s.args.join(" | ") + "]"),
+      s.inputs.length ? el("span", {class: "score"}, " ← " + s.inputs.join(", ")) : null, " ⇒ ",
+      single ? [s.holds, ": ", el("b", {}, s.first.join(", "))]
+             : [s.holds + " (" + s.count + "): ", s.count ? s.first.join(", ") + more : "empty"]);
+  }));
+}
+
 function body(i) {
-  const q = detail(i), a = q.analysis, parts = [];
+  const q = detail(i), t = traceOf(q), a = q.analysis, g = t.gold || {}, p = t.program || {}, parts = [];
   parts.push(el("div", {class: "grid"},
-    el("div", {}, el("h3", {}, "gold"), kv("answer", q.gold_answer), code(q.gold_program, "no gold program")),
+    el("div", {}, el("h3", {}, "gold"), kv("answer", g.answer), code(g.program, "no gold program")),
     el("div", {}, el("h3", {}, "prediction"),
-       kv("answer", q.answer, q.verdict === "right" ? "ok" : "bad"),
-       q.values && q.values_n ? kv("values", q.values.length + " of " + q.values_n + " shown") : null,
-       code(q.program, q.verdict === "n/a" ? "not generated" : "no program parsed"))));
+       kv("answer", t.answer, q.verdict === "right" ? "ok" : "bad"),
+       code(p.text, q.verdict === "n/a" ? "not generated" : "no program parsed"))));
   if (q.verdict !== "n/a") {
+    const e = t.error, gen = t.generation || {};
     parts.push(el("h3", {}, "verdict"),
       kv("correct", q.verdict, q.verdict === "right" ? "ok" : "bad"), kv("error kind", q.kind),
-      q.error ? kv("error", q.error.message || q.error) : null,
+      e && e.message ? kv("error", e.message) : null, e && e.where ? kv("where", e.where) : null,
       a ? kv("error class", a.class + " · " + a.reason) : null, a && a.detail ? kv("why", a.detail) : null);
-    parts.push(el("h3", {}, "generated text"), code(q.generated, "empty"),
-      q.generated_chars ? el("div", {class: "note"}, "clipped: the model wrote " + q.generated_chars + " characters") : null,
-      kv("repairs", q.repairs && q.repairs.length ? q.repairs : "none"),
-      kv("syntax error before / after repair", show(q.syntax_error_before_repair) + " / " + show(q.syntax_error)));
-    if (q.unknown_arguments && q.unknown_arguments.length)
-      parts.push(kv("arguments outside the KB", q.unknown_arguments.map(u => u.function + " " + u.arg + ": " + u.value)));
-    if (q.canonicalized && q.canonicalized.length)
-      parts.push(kv("canonicalised", q.canonicalized.map(c => show(c.value) + " → " + show(c.snapped))));
-    if (q.fallback && q.fallback.fired) {
-      const f = q.fallback, sp = q.single_pass || {};
+    parts.push(el("h3", {}, "steps (each result: how many, the first ones)"), steps(t.steps));
+    parts.push(el("h3", {}, "generated text"), code(gen.text, "empty"),
+      gen.chars ? el("div", {class: "note"}, "clipped: the model wrote " + gen.chars + " characters") : null,
+      kv("repairs", p.repairs && p.repairs.length ? p.repairs : "none"),
+      kv("syntax error before / after repair", show(p.syntax_error_before_repair) + " / " + show(p.syntax_error)));
+    if (p.unknown_arguments && p.unknown_arguments.length)
+      parts.push(kv("arguments outside the KB", p.unknown_arguments.map(u => u.function + " " + u.arg + ": " + u.value)));
+    if (p.canonicalized && p.canonicalized.length)
+      parts.push(kv("canonicalised", p.canonicalized.map(c => show(c.value) + " → " + show(c.snapped))));
+    if (t.fallback) {
+      const f = t.fallback.correction, sp = t.fallback.single_pass || {};
       parts.push(el("details", {}, el("summary", {}, "fallback: the correction round (kept: " + show(f.kept) + ")"),
         el("h3", {}, "single pass"), kv("error kind", sp.error_kind), code(sp.generated, "empty"),
         el("h3", {}, "correction"), kv("error kind", f.error_kind), code(f.generated, "empty")));
     }
   }
-  const r = q.retrieval;
-  if (!r) {
+  if (t.linked) {
+    const values = Object.entries(t.linked.values || {}).map(([kind, vs]) => kind + ": " + vs.join(", "));
+    parts.push(el("h3", {}, "linked in the question"), kv("entities", t.linked.entities),
+      kv("concepts", t.linked.concepts), kv("values", values));
+  }
+  if (!t.knowledge) {
     parts.push(el("h3", {}, "retrieval"), el("div", {class: "note"},
       DATA.has_retrieval ? "no retrieval record for this question" : "this run wrote no retrieval.jsonl (it retrieved nothing)"));
   } else {
     parts.push(el("div", {class: "grid"},
-      el("div", {}, el("h3", {}, "ontology triples"), triples(r.ontology, "ontology triples")),
-      el("div", {}, el("h3", {}, "fact triples"), triples(r.facts, "fact triples"))));
+      el("div", {}, el("h3", {}, "ontology triples (scores)"), triples(t.knowledge.ontology, "ontology triples")),
+      el("div", {}, el("h3", {}, "fact triples (scores)"), triples(t.knowledge.facts, "fact triples"))));
     parts.push(el("h3", {}, "cases (views that found them, scores)"),
-      r.cases.length ? r.cases.map(caseBlock) : el("div", {class: "note"}, "no cases"));
+      t.cases.length ? t.cases.map(caseBlock) : el("div", {class: "note"}, "no cases"));
   }
   if (q.verdict !== "n/a") {
+    const pr = t.prompt || {}, gen = t.generation || {};
     const cmd = DATA.prompt_command + " " + (q.index === null || q.index === undefined ? "K" : q.index);
-    parts.push(el("details", {}, el("summary", {}, "prompt" + (q.prompt_tokens ? " (" + q.prompt_tokens + " tokens)" : "")),
-      q.prompt ? code(q.prompt) : [el("div", {class: "note"}, "Prompts are not stored in the run; print this one, exactly as the model read it (no LLM is loaded), with:"),
+    parts.push(el("details", {}, el("summary", {}, "prompt" + (pr.tokens ? " (" + pr.tokens + " tokens)" : "")),
+      pr.text ? code(pr.text) : [el("div", {class: "note"}, "Prompts are not stored in the run; print this one, exactly as the model read it (no LLM is loaded), with:"),
         code(cmd), q.index === null || q.index === undefined ?
           el("div", {class: "note"}, "K: the question's 0-based position in the run's selection") : null],
-      kv("prompt hash", q.prompt_hash),
-      kv("tokens in / out", show(q.prompt_tokens) + " / " + show(q.completion_tokens)),
-      kv("seconds", typeof q.latency_s === "number" ? q.latency_s.toFixed(2) : q.latency_s)));
+      kv("prompt hash", pr.hash), kv("characters", pr.chars),
+      kv("tokens in / out", show(pr.tokens) + " / " + show(gen.tokens)),
+      kv("seconds", typeof gen.seconds === "number" ? gen.seconds.toFixed(2) : gen.seconds)));
   }
   return el("div", {class: "body"}, parts);
 }
@@ -117,9 +155,9 @@ function row(q, i) {
 const hay = [];
 function haystack(i) {  // the first search parses every details block, once
   if (hay[i] === undefined) {
-    const q = detail(i);
-    hay[i] = [q.id, q.question, q.program, q.generated, show(q.answer), show(q.gold_answer), q.gold_program,
-              q.analysis ? q.analysis.reason + " " + q.analysis.detail : ""].join("\n").toLowerCase();
+    const q = detail(i), t = q.trace, g = t.gold || {};
+    hay[i] = [q.id, q.question, (t.program || {}).text, (t.generation || {}).text, show(t.answer), show(g.answer),
+              g.program, q.analysis ? q.analysis.reason + " " + q.analysis.detail : ""].join("\n").toLowerCase();
   }
   return hay[i];
 }
