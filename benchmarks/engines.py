@@ -59,7 +59,7 @@ def build_prompts(n: int, overrides: list[str]) -> list[dict[str, str]]:
     from cbr2.retrieval.retriever import Retriever
 
     cfg = load_config(["wandb.mode=disabled", *overrides], files=[CONFIG_DIR / "evaluate.yaml"])
-    bench = Benchmark(cfg.data.name, cfg.data.root)
+    bench = Benchmark.from_config(cfg.data)
     questions = select_questions(bench, cfg)[:n]
     cfg = _prepare(cfg, bench, retrieval_only=False)  # with the structural retriever resolved
     retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)

@@ -30,7 +30,7 @@ ENCODER = "retrieval.encoder=sentence-transformers/all-MiniLM-L6-v2"
 
 def main(overrides: list[str]) -> dict:
     cfg = compose(Config, files=[CONFIG_DIR / "paper.yaml"], overrides=[ENCODER, *TOKENIZER, *overrides])
-    bench = Benchmark(cfg.data.name, cfg.data.root)
+    bench = Benchmark.from_config(cfg.data)
     questions = select_questions(bench, cfg)
     cfg = _prepare(cfg, bench, retrieval_only=False)
     start = time.time()

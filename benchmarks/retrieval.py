@@ -44,7 +44,7 @@ def retrieval_speed(args) -> None:
     if args.structural:
         overrides.append(f"structural.checkpoint={args.structural}")
     cfg = load_config(overrides, files=[CONFIG_DIR / "evaluate.yaml"], schema=Config)
-    bench = Benchmark(cfg.data.name, cfg.data.root)
+    bench = Benchmark.from_config(cfg.data)
     structural = resolve_structural(cfg, bench)
     questions = bench.questions()[: args.questions]
     queries = [Query(q.qid, q.question) for q in questions]

@@ -106,6 +106,7 @@ def fake_vllm(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
     monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling)
     monkeypatch.setattr(vllm_backend, "_gpu_facts", lambda: (1, None, None))
+    monkeypatch.setattr(vllm_backend, "_ENGINES", {})  # each test its own engines, as each process has
     return mod
 
 
@@ -440,3 +441,28 @@ def test_choose_keeps_the_greedy_program_when_no_sample_answers():
     kept = vllm_backend.choose(greedy, [Completion("B", 10, 4), Completion("A", 10, 3)], lambda text: False)
     assert (kept.text, kept.prompt_tokens, kept.completion_tokens) == ("A", 10, 10)
     assert kept.decoding == {"candidates": {"tried": 3, "kept": 0}}
+
+
+def test_backends_of_the_same_engine_settings_share_one_engine(monkeypatch):
+    """A local sweep's runs, one after another in one process, start one engine: the key leaves out
+    what a run computes from free GPU memory, and names everything the engine is built with."""
+    from cbr2.llm import vllm as module
+
+    monkeypatch.setattr(module, "_ENGINES", {})
+    base = {"model": "Qwen/Qwen3-0.6B"}
+    a, b = VLLMBackend(_cfg(**base)), VLLMBackend(_cfg(**base), reserve_bytes=2**30)
+    assert a.engine_key() == b.engine_key()
+    for other in ({"dtype": "float32"}, {"max_model_len": 4096}, {"seed": 1}, {"gpu_memory_utilization": 0.5},
+                  {"model": "Qwen/Qwen3-1.7B"}):
+        assert VLLMBackend(_cfg(**{**base, **other})).engine_key() != a.engine_key(), other
+
+    class Engine:  # what close() touches of a vllm.LLM
+        def __init__(self):
+            self.stopped = False
+            self.llm_engine = type("E", (), {"engine_core": type("C", (), {"shutdown": lambda _: setattr(self, "stopped", True)})()})()
+
+    engine = Engine()
+    monkeypatch.setitem(module._ENGINES, a.engine_key(), engine)
+    assert a.engine() is engine and b.engine() is engine  # no new engine built
+    a.close()
+    assert engine.stopped and a.engine_key() not in module._ENGINES and a._llm is None

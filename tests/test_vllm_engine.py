@@ -123,12 +123,7 @@ def qwen():
 
 def _shut_down(backend) -> None:
     """Stops the engine's processes now, before the next test starts another engine."""
-    llm = backend._llm
-    backend._llm = None
-    if llm is not None:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-    gc.collect()
+    backend.close()
 
 
 def test_greedy_texts_agree_with_the_hf_backend(qwen, default_prompts):

@@ -159,7 +159,7 @@ def check_data(cfg: Any) -> str:
 
     where = f"data.name={cfg.data.name}" + (f" data.root={cfg.data.root}" if cfg.data.root else "")
     try:
-        bench = Benchmark(cfg.data.name, cfg.data.root)
+        bench = Benchmark.from_config(cfg.data)
         if cfg.data.root:
             report = check_folder(cfg.data.root, bench.family.name)
             if not report.clean:
@@ -352,7 +352,7 @@ def check_gpu_memory(cfg: Any) -> str:
         return f"GPU memory: not checked, no config.json of {name} here yet (it downloads on first use)"
     try:
         # As the smoke's evaluation holds it: its indexes are freed before the engine starts.
-        beside = retrieval_beside(Benchmark(cfg.data.name, cfg.data.root), cfg.retrieval, structural_encoder(cfg),
+        beside = retrieval_beside(Benchmark.from_config(cfg.data), cfg.retrieval, structural_encoder(cfg),
                                   cfg.generation.canonicalize, indexes_resident=False)
     except SetupError as err:  # an encoder not here yet: only with --allow-download
         return f"GPU memory: not checked, {err}"

@@ -35,6 +35,7 @@ vLLM is testable without it.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import math
 import os
@@ -397,6 +398,12 @@ def run_requests(llm: Any, requests: Sequence[tuple[str, Any]],
                     add(i, *more)
 
 
+_ENGINES: dict[str, Any] = {}
+"""This process's engines by ``VLLMBackend.engine_key``: the runs of a local sweep (``sweep --local``,
+one after another in one process) share one engine instead of starting one each (about 3 minutes
+on a CPU, and on one GPU a second engine would not fit beside the first)."""
+
+
 class VLLMBackend:
     """Generates with vLLM's offline engine, all prompts of a call in one batch.
 
@@ -454,8 +461,21 @@ class VLLMBackend:
             return prompt.text
         return apply_chat_template(self.tokenizer(), prompt)
 
+    def engine_key(self) -> str:
+        """What makes two backends' engines the same one: the weights and the settings the engine is
+        built with (not the share of GPU memory an unset ``gpu_memory_utilization`` computes from
+        what is free: the engine of the process's first run holds that memory at the second)."""
+        settings = {"model": self.folder(), "dtype": str(self.cfg.dtype), "max_model_len": self.cfg.max_model_len,
+                    "tensor_parallel_size": self.cfg.tensor_parallel_size, "seed": int(self.cfg.seed),
+                    "gpu_memory_utilization": self.cfg.gpu_memory_utilization}
+        return json.dumps(settings, sort_keys=True, default=str)
+
     def engine(self) -> Any:
-        """The ``vllm.LLM``, built (weights loaded) on first use."""
+        """The ``vllm.LLM``, built (weights loaded) on first use, or this process's engine of the
+        same ``engine_key`` (``_ENGINES``)."""
+        if self._llm is None and self.engine_key() in _ENGINES:
+            log.info("vLLM engine: this process's engine of %s, already started", self.source)
+            self._llm = _ENGINES[self.engine_key()]
         if self._llm is None:
             vllm = _import_vllm()
             from vllm.platforms import current_platform
@@ -476,8 +496,22 @@ class VLLMBackend:
                          "%.1f GiB left to the rest of the process)", self.source, kwargs["tensor_parallel_size"],
                          100 * kwargs["gpu_memory_utilization"], (total or 0) / 2**30, (free or 0) / 2**30,
                          self.reserve_bytes / 2**30)
-            self._llm = vllm.LLM(**kwargs)
+            self._llm = _ENGINES[self.engine_key()] = vllm.LLM(**kwargs)
         return self._llm
+
+    def close(self) -> None:
+        """Stop the engine's processes and free its memory now (a process that starts another engine
+        after this one, a service at shutdown); the next ``generate`` starts a new one."""
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        for key in [k for k, v in _ENGINES.items() if v is llm]:
+            del _ENGINES[key]
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        import gc
+
+        gc.collect()
 
     def generate(self, prompts: Sequence[Prompt], on_result: Callable[[int, Completion], None] | None = None,
                  accept: Callable[[int, str], bool] | None = None, candidates: int = 1) -> list[Completion]:
