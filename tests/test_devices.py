@@ -120,7 +120,7 @@ def test_a_faiss_that_cannot_search_on_its_gpu_stops_cuda_and_warns_auto_once(ca
                "CUDA error 209 no kernel image is available for execution on the device")
     broken = Devices(1, "gpu", 1, "2.14.0", False, faiss_problem=problem)
     with pytest.raises(SetupError, match=r"^retrieval.device=cuda: FAISS \(faiss-gpu-cu12 1.14.1\) cannot search on "
-                                         r"GPU 0 .*9.0.*faiss-gpu-cu12-cuvs .*faiss-gpu-cu13-cuvs") as err:
+                                         r"GPU 0 .*9.0.*faiss-gpu 1.15.1 .*faiss-gpu-cu13-cuvs") as err:
         check_devices(_cfg("retrieval.device=cuda"), dev=broken)
     assert "\n" not in str(err.value)
     devices.faiss_cpu_fallback.cache_clear()

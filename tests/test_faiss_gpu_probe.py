@@ -167,7 +167,7 @@ def test_a_probe_that_raises_keeps_auto_on_the_cpu_with_one_warning(fake_faiss, 
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "\n" not in warnings[0], warnings
     assert "cannot search on GPU 0 (NVIDIA H100 80GB HBM3, compute capability 9.0)" in warnings[0]
-    assert "stay on the CPU" in warnings[0] and "faiss-gpu-cu12-cuvs" in warnings[0]
+    assert "stay on the CPU" in warnings[0] and "faiss-gpu 1.15.1" in warnings[0]
     assert len(fake_faiss) == 1  # the probe ran once for the start check and the three indexes
 
 
@@ -179,7 +179,7 @@ def test_explicit_cuda_stops_in_one_line_naming_the_build_the_gpu_and_the_wheels
     assert "\n" not in message
     assert message.startswith("retrieval.device=cuda: FAISS (faiss-")  # the installed distribution and version
     assert "GPU 0 (NVIDIA H100 80GB HBM3, compute capability 9.0): " in message and "no kernel image" in message
-    assert "faiss-gpu-cu12-cuvs" in message and "faiss-gpu-cu13-cuvs" in message and "sm_90" in message
+    assert "faiss-gpu 1.15.1" in message and "faiss-gpu-cu13-cuvs" in message and "sm_90" in message
     assert message.endswith("or set retrieval.device=auto to search on the CPU")
     with pytest.raises(SetupError, match="^retrieval.device=cuda: FAISS"):
         index_module.to_device(_cpu_index(), "cuda")  # the library path says the same
@@ -234,7 +234,7 @@ def test_the_smoke_check_fails_on_the_probe_in_one_line(fake_faiss, monkeypatch)
         smoke.check_faiss_gpus("auto")
     assert "\n" not in str(err.value)
     assert "cannot search on GPU 0 (NVIDIA H100 80GB HBM3, compute capability 9.0)" in str(err.value)
-    assert "faiss-gpu-cu12-cuvs" in str(err.value) and "retrieval.device=cpu" in str(err.value)
+    assert "faiss-gpu 1.15.1" in str(err.value) and "retrieval.device=cpu" in str(err.value)
     assert "retrieval.device=cpu" in smoke.check_faiss_gpus("cpu")
 
 

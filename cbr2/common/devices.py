@@ -98,9 +98,12 @@ PROBE_TOLERANCE = 1e-3
 PROBE_TIMEOUT_S = 300
 """How long the probe may take: importing FAISS and starting CUDA on each GPU take seconds, but a
 driver compiling a build's PTX for a newer GPU takes minutes the first time."""
-FAISS_GPU_WHEELS = ("faiss-gpu-cu12-cuvs (CUDA 12) or faiss-gpu-cu13-cuvs (CUDA 13), which carry native code for "
-                    "sm_75, sm_80, sm_86 and sm_90")
-"""FAISS builds whose kernels run on an H100 as well as on the A100, L4 and A10 generation."""
+FAISS_GPU_WHEELS = ("the FAISS of make install-gpu's stack for the driver's CUDA major (scripts/gpu_stack.py: "
+                    "faiss-gpu 1.15.1 for CUDA 12, native sm_70-sm_90; faiss-gpu-cu13-cuvs 1.15.0 for CUDA 13, "
+                    "native sm_75-sm_90)")
+"""FAISS builds whose kernels run on an H100 as well as on the A100, L4 and A10 generation, each
+installable beside the torch of its stack (``faiss-gpu-cu12-cuvs`` pins a cuBLAS that torch 2.10's
+does not match)."""
 FAISS_DISTRIBUTIONS = ("faiss-gpu-cu12", "faiss-gpu-cu13", "faiss-gpu-cu12-cuvs", "faiss-gpu-cu13-cuvs",
                        "faiss-gpu-cuvs", "faiss-gpu", "faiss-cpu")
 """PyPI distributions that install the module ``faiss``; the first installed names the build in messages."""
@@ -276,7 +279,7 @@ def check_devices(cfg: Any, llm: bool = True, dev: Devices | None = None) -> Dev
         if wants_gpu(str(retrieval.device)) and dev.faiss_gpus == 0:
             why = "the CPU build" if dev.faiss_build == "cpu" else "the GPU build but sees no GPU"
             raise SetupError(f"retrieval.device={retrieval.device} asks for GPU retrieval, but the installed FAISS is "
-                             f"{why} (faiss-cpu shadows faiss-gpu-cu12 when both are installed): {GPU_INSTALL}, "
+                             f"{why} (faiss-cpu shadows FAISS's GPU build when both are installed): {GPU_INSTALL}, "
                              "or set retrieval.device=auto")
         if dev.faiss_problem and str(retrieval.device) != "cpu":
             if wants_gpu(str(retrieval.device)):

@@ -45,7 +45,7 @@ IDENTITY_KEYS = ("data", "llm", "prompt", "generation", "retrieval", "structural
 """Config sections that decide what a prediction is; a resumed run must agree on them."""
 
 PACKAGES = ("cbr2", "kopl", "omegaconf", "torch", "transformers", "sentence-transformers", "faiss-cpu",
-            "faiss-gpu-cu12", "vllm", "openai")
+            "faiss-gpu", "faiss-gpu-cu13-cuvs", "faiss-gpu-cu12", "vllm", "openai")
 """Packages whose versions a run's provenance records."""
 
 

