@@ -1,41 +1,9 @@
-"""Train the structural retriever and export it under ``checkpoints/``.
+"""``python train.py``: the same command as ``cbr2 train`` (``cbr2/cli/train.py``), kept as the design card's
+entry point. ``python train.py --help`` lists its arguments."""
 
-    python train.py                                      # embedded default (mini-kqapro), CPU-sized
-    python train.py data.name=kqapro data.root=/data/KQAPro trainer.devices=4 trainer.strategy=ddp
-    python train.py --config sweep.yaml wandb.mode=online
-
-Overrides are OmegaConf ``key=value`` pairs over ``configs/train.yaml``; ``--config FILE`` merges
-a YAML file on top of it first. Rerunning the same command resumes the same run.
-"""
-
-import argparse
 import sys
 
-from cbr2.common.console import setup_logging
-from cbr2.common.devices import check_devices
-from cbr2.common.errors import UserError
-from cbr2.config import TrainConfig
-from cbr2.config.cli import add_config_arguments, config_from_args
-from cbr2.structural.train import MONITOR, train
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_arguments(parser)
-    args = parser.parse_intermixed_args(argv)  # options may come between overrides
-    setup_logging()
-    try:
-        cfg = config_from_args(args, TrainConfig)
-        check_devices(cfg)  # a GPU asked for and absent fails here, in one line, before the data is read
-        result = train(cfg)
-    except UserError as err:  # the user's to fix: one line; anything else is a bug and shows its traceback
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if result["checkpoint"]:  # DDP: only global rank zero exports and reports
-        best, untrained = result["best"].get(MONITOR, float("nan")), result["baseline"].get(MONITOR, float("nan"))
-        print(f"best {MONITOR} {best:.4f} (untrained {untrained:.4f}) -> {result['checkpoint']}")
-    return 0
-
+from cbr2.cli.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -80,11 +80,8 @@ def test_evaluate_cli_errors_exit_2_with_a_message(tmp_path, args, message):
 
 
 def _entry_point(script):
-    """``evaluate.py`` or ``train.py`` as a module (they are scripts, not part of the package)."""
-    spec = importlib.util.spec_from_file_location(Path(script).stem, ROOT / script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The module whose ``main`` ``evaluate.py`` or ``train.py`` runs (as ``cbr2 evaluate`` / ``cbr2 train``)."""
+    return importlib.import_module(f"cbr2.cli.{Path(script).stem}")
 
 
 @pytest.mark.parametrize("script, runs", [("evaluate.py", "run_evaluation"), ("train.py", "train")])
@@ -155,3 +152,53 @@ def test_unknown_ablation_lists_the_valid_ones(tmp_path):
     assert proc.returncode == 2 and "unknown ablation 'w/o_knowlege' (did you mean w/o_knowledge?)" in proc.stderr
     proc = _run("--show-prompt", "999", BACKBONE, "eval.per_category=3", cwd=tmp_path)
     assert proc.returncode == 2 and "the selection has 27 questions" in proc.stderr
+
+
+# ------------------------------------------------------------------------------- the cbr2 command
+
+
+def test_cbr2_help_lists_every_verb_in_one_line_each(capsys):
+    from cbr2.cli import VERBS, main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name, verb in VERBS.items():
+        assert f"  {name} " in out and verb.summary in out
+    assert {"evaluate", "train", "ask", "serve", "data", "sweep", "compare", "smoke", "model"} <= set(VERBS)
+
+
+def test_every_verb_runs_a_function_of_the_package():
+    import inspect
+
+    from cbr2.cli import VERBS
+
+    for name, verb in VERBS.items():
+        module, function = verb.target.split(":")
+        target = getattr(importlib.import_module(module), function)
+        assert callable(target) and list(inspect.signature(target).parameters)[:1] == ["argv"], name
+
+
+def test_an_unknown_verb_names_the_closest_one(capsys):
+    from cbr2.cli import main
+
+    assert main(["evalute"]) == 2
+    assert "did you mean evaluate" in capsys.readouterr().err
+
+
+def test_a_verb_is_its_modules_own_command(capsys):
+    from cbr2.cli import main
+
+    assert main(["config", "--config", str(ROOT / "configs" / "paper.yaml"), "--ablation", "w/o_ont"]) == 0
+    out = capsys.readouterr().out
+    assert "k_ontology: 0" in out and "k_semantic: 5" in out and out.rstrip().endswith("# Table 5 setting: w/o_ont")
+    assert main(["config", "--ablation", "w/o_ont", "retrieval.k_ontology=3"]) == 2
+    assert "contradicts --ablation w/o_ont" in capsys.readouterr().err
+
+
+def test_the_console_script_is_declared_and_the_entry_scripts_call_the_same_mains():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"] == {"cbr2": "cbr2.cli:main"}
+    for name in ("evaluate", "train"):
+        assert f"from cbr2.cli.{name} import main" in (ROOT / f"{name}.py").read_text()
