@@ -272,12 +272,28 @@ def test_your_own_kb_and_few_cases_answer_with_semantic_cases_and_the_trace_says
     assert answer.trace["linked"]["entities"] == ["Data Structures"] and answer.ok
 
 
-def test_kb_and_cases_stand_for_the_custom_benchmark():
+def test_kb_and_cases_stand_for_the_custom_benchmark_and_come_together():
     assert custom_overrides(None, None) == []
     assert custom_overrides("kb.json", "cases.yaml") == ["data.name=custom", "data.kb=kb.json", "data.cases=cases.yaml"]
-    assert custom_overrides("kb.json", None) == ["data.name=custom", "data.kb=kb.json"]
-    with pytest.raises(ConfigError, match="cases= needs kb="):
+    with pytest.raises(ConfigError, match=r"^cases= needs kb=: .* \(kb=FILE cases=FILE\)$"):
         custom_overrides(None, "cases.yaml")
+    # A KB alone is refused, not turned into a custom benchmark that the config refuses later in
+    # its own terms (data.kb, data.cases): a few-shot method has nothing to imitate without cases.
+    with pytest.raises(ConfigError, match="^kb= needs cases=: a few-shot method"):
+        custom_overrides("kb.json", None)
+    with pytest.raises(ConfigError, match="^kb= needs cases=") as caught:
+        KBQA.load(overrides=["llm.backend=fake"], kb="kb.json")
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("given, missing", [(["--kb", "kb.tsv"], "--kb needs --cases"),
+                                            (["--cases", "cases.yaml"], "--cases needs --kb")])
+def test_ask_takes_kb_and_cases_together_and_says_so_in_its_own_words(given, missing, fake_backend, capsys):
+    assert main(["Who teaches Databases?", *given, "llm.backend=fake"]) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()  # one line, nothing loaded before it
+    assert captured.out == "" and line.startswith(f"error: {missing}: ")
+    assert fake_backend.prompts == []  # refused before anything loaded or was asked
 
 
 # ------------------------------------------------------------------------------------------ slow

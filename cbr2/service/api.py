@@ -28,7 +28,8 @@ as for an empty one); a program's execution stops at ``eval.timeout_s`` whatever
 (``cbr2.kopl.executor``: the alarm on the main thread, a deadline checked between steps on any
 other). One ``KBQA`` answers one batch at a time (a lock): LLM engines are not built for
 concurrent calls, and a batch is one ``generate`` call, which vLLM batches and llama.cpp answers
-in turn.
+in turn; ``ask_many``'s ``on_answer`` hands on each answer as soon as it is final, so a caller
+need not wait for the whole batch (``cbr2.service.server`` resolves each request so).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ from cbr2.common.records import Prediction
 from cbr2.config import Config, compose
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.questions import Question
+from cbr2.evaluation.records import is_pending
 from cbr2.evaluation.runner import Answerer, build_prompts, prepare, reach_of, retrieves
 from cbr2.evaluation.trace import TRACE_VERSION, build_trace
 from cbr2.kopl.text import to_text
@@ -86,18 +88,34 @@ def clean_question(text: Any) -> str:
     return question
 
 
-def custom_overrides(kb: str | Path | None, cases: str | Path | None) -> list[str]:
+def custom_overrides(kb: str | Path | None, cases: str | Path | None, *,
+                     names: tuple[str, str] = ("kb=", "cases=")) -> list[str]:
     """The overrides ``kb=`` and ``cases=`` stand for: the ``custom`` benchmark over those files
     (``data.name=custom data.kb=FILE data.cases=FILE``).
 
+    The two come together. Cases are solved questions over that KB, so they mean nothing without
+    it; and a KB without cases gives the model nothing to imitate: the method is few-shot, its
+    prompt is its retrieved cases, and the case pool is what the structural retriever is trained on.
+
+    Args:
+        kb: The KB file, or None.
+        cases: Its cases file, or None.
+        names: How the caller spells the two in a message (``("--kb", "--cases")`` for ``ask``).
+
     Raises:
-        ConfigError: For ``cases`` without ``kb`` (cases are solved questions over a KB).
+        ConfigError: For one without the other, in one line naming the missing one.
     """
     if kb is None and cases is None:
         return []
+    kb_name, cases_name = names
     if kb is None:
-        raise ConfigError("cases= needs kb=: the cases are questions over that KB (kb=FILE cases=FILE)")
-    return ["data.name=custom", f"data.kb={kb}", *([f"data.cases={cases}"] if cases is not None else [])]
+        both = " ".join(name + ("FILE" if name.endswith("=") else " FILE") for name in names)
+        raise ConfigError(f"{cases_name} needs {kb_name}: the cases are questions over that KB ({both})")
+    if cases is None:
+        raise ConfigError(f"{kb_name} needs {cases_name}: a few-shot method answers after solved cases over that KB, "
+                          "a YAML list of questions with their programs (docs/data.md, \"The cases file\"; "
+                          "examples/university/cases.yaml)")
+    return ["data.name=custom", f"data.kb={kb}", f"data.cases={cases}"]
 
 
 def question_id(question: str) -> str:
@@ -171,8 +189,9 @@ class KBQA:
             config: YAML files over ``configs/evaluate.yaml`` (``--config``), in order.
             overrides: ``key=value`` pairs over them (``llm.model=...``, ``data.name=...``).
             ablation: A Table 5 setting (``--ablation``; ``cbr2.config.ABLATIONS``).
-            kb: Shorthand for ``data.name=custom data.kb=FILE``: a KB of your own.
-            cases: With ``kb``, shorthand for ``data.cases=FILE``: its solved cases.
+            kb: With ``cases``, shorthand for ``data.name=custom data.kb=FILE``: a KB of your own.
+            cases: With ``kb``, shorthand for ``data.cases=FILE``: its solved cases (one without
+                the other is a ``ConfigError``: ``custom_overrides``).
 
         Raises:
             UserError: A ``ConfigError`` for a configuration that does not compose or a backend
@@ -233,7 +252,8 @@ class KBQA:
         """
         return self.ask_many([question], show_prompt=show_prompt)[0]
 
-    def ask_many(self, questions: Sequence[str], *, show_prompt: bool = False) -> list[Answer]:
+    def ask_many(self, questions: Sequence[str], *, show_prompt: bool = False,
+                 on_answer: Callable[[int, Answer], None] | None = None) -> list[Answer]:
         """Answer several questions: one retrieval batch, one ``generate`` call (vLLM batches it;
         llama.cpp answers the prompts in turn) and, with ``generation.fallback``, one call of
         corrections. A question asked twice is answered once.
@@ -241,6 +261,11 @@ class KBQA:
         Args:
             questions: The questions' texts.
             show_prompt: Put each whole prompt in its trace.
+            on_answer: Called as ``on_answer(n, answer)`` as soon as the answer to ``questions[n]``
+                is final (once its program ran; after its correction with ``generation.fallback``),
+                so that the first answers of a batch llama.cpp answers in turn can be handed on
+                before the last is generated. It runs in the calling thread, with this instance's
+                lock held: it must not ask this instance.
 
         Returns:
             One ``Answer`` per question, in order.
@@ -258,18 +283,29 @@ class KBQA:
         asked = [Question(question_id(t), t, None, None, None) for t in dict.fromkeys(texts)]
         if not asked:
             return []
+        positions: dict[str, list[int]] = {}
+        for n, text in enumerate(texts):
+            positions.setdefault(text, []).append(n)
+        index = {q.qid: i for i, q in enumerate(asked)}
+        by_text: dict[str, Answer] = {}
         with self._lock:
             retrieved = self._retrieve(asked)
             prompts = build_prompts(self.cfg.prompt, self.cfg.generation, asked, retrieved, self._reach)
-            records: dict[str, Prediction] = {}
-            self._answerer.answer(asked, prompts, lambda record: records.__setitem__(record["id"], record),
-                                  show_progress=False)
-            rendered = [self._answerer.backend.render(p) for p in prompts] if show_prompt else [None] * len(asked)
-        by_text = {}
-        for q, text in zip(asked, rendered, strict=True):
-            trace = self._trace(records[q.qid], retrieved.get(q.qid), text)
-            by_text[q.question] = Answer(q.question, trace["answer"], trace["program"]["text"], trace["answered"],
-                                         trace)
+
+            def write(record: Prediction) -> None:
+                if is_pending(record):  # a first pass whose correction is still to come
+                    return
+                i = index[record["id"]]
+                q = asked[i]
+                text = self._answerer.backend.render(prompts[i]) if show_prompt else None
+                trace = self._trace(record, retrieved.get(q.qid), text)
+                answer = Answer(q.question, trace["answer"], trace["program"]["text"], trace["answered"], trace)
+                by_text[q.question] = answer
+                if on_answer is not None:
+                    for n in positions[q.question]:
+                        on_answer(n, answer)
+
+            self._answerer.answer(asked, prompts, write, show_progress=False)
         return [by_text[t] for t in texts]
 
     def _retrieve(self, questions: Sequence[Question]) -> dict[str, Retrieved]:

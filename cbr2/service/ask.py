@@ -7,12 +7,13 @@
 
 The configuration is composed as ``evaluate.py`` composes it (``--config``, ``--ablation``,
 ``key=value`` overrides); ``--kb FILE --cases FILE`` stand for ``data.name=custom data.kb=FILE
-data.cases=FILE``. The report lists what the question links to, the knowledge triples and cases
-retrieved (with their scores and the views that found the cases), the prompt's size, the
-generated program and the one that ran, each step's result, and the answer, or where and why the
-program failed. ``--json`` prints the trace instead (``cbr2.evaluation.trace``: the object the API
-returns with each answer). Exit status: 0 answered, 1 the program failed (the report or trace is
-still printed), 2 a user error (one line), 3 the LLM server failed.
+data.cases=FILE`` and come together (a few-shot method answers after solved cases over the KB).
+The report lists what the question links to, the knowledge triples and cases retrieved (with
+their scores and the views that found the cases), the prompt's size, the generated program and
+the one that ran, each step's result, and the answer, or where and why the program failed.
+``--json`` prints the trace instead (``cbr2.evaluation.trace``: the object the API returns with
+each answer). Exit status: 0 answered, 1 the program failed (the report or trace is still
+printed), 2 a user error (one line), 3 the LLM server failed.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from cbr2.common.errors import UserError
 from cbr2.config import ABLATIONS
 from cbr2.config.cli import add_config_arguments
 from cbr2.llm.openai_compat import LLMRequestError
-from cbr2.service.api import KBQA
+from cbr2.service.api import KBQA, custom_overrides
 
 INDENT = "    "
 
@@ -125,13 +126,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("question", help="the question, in quotes")
     add_config_arguments(parser)
     parser.add_argument("--ablation", metavar="NAME", help=f"a Table 5 setting: {', '.join(ABLATIONS)}")
-    parser.add_argument("--kb", metavar="FILE", help="your own KB (data.name=custom data.kb=FILE)")
+    parser.add_argument("--kb", metavar="FILE", help="your own KB (data.name=custom data.kb=FILE); with --cases")
     parser.add_argument("--cases", metavar="FILE", help="its solved cases (data.cases=FILE); with --kb")
     parser.add_argument("--json", action="store_true", help="print the trace as JSON instead of the report")
     parser.add_argument("--show-prompt", action="store_true", help="include the whole prompt, as the model read it")
     args = parser.parse_intermixed_args(argv)  # options may come between overrides
     setup_logging()  # logs go to stderr: stdout is the report or the JSON alone
     try:
+        custom_overrides(args.kb, args.cases, names=("--kb", "--cases"))  # one without the other, in this CLI's words
         kbqa = KBQA.load(args.config, args.overrides, args.ablation, kb=args.kb, cases=args.cases)
         answer = kbqa.ask(args.question, show_prompt=args.show_prompt)
     except LLMRequestError as err:
