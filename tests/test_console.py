@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from cbr2.config import CONFIG_DIR, ConfigError, ablation, load_config, setting_of
@@ -200,3 +202,18 @@ def test_lightning_imported_after_the_setup_prints_once_too():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert proc.stderr.count("fit stopped") == 1, proc.stderr
+
+
+def test_the_log_goes_to_stderr_as_it_is_when_a_message_is_logged(monkeypatch):
+    import io
+    import logging as std_logging
+
+    from cbr2.common.console import setup_logging
+
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    setup_logging()
+    monkeypatch.setattr(sys, "stderr", second)  # a server's, a notebook's, a capturing caller's
+    first.close()  # the old stream is gone: writing to it would raise
+    std_logging.getLogger("cbr2.test").info("where does this go")
+    assert "where does this go" in second.getvalue()

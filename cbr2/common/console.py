@@ -55,6 +55,23 @@ class _DropMessages(logging.Filter):
         return not any(p.search(message) for p in self.patterns)
 
 
+class StderrHandler(logging.StreamHandler):
+    """A handler that writes to ``sys.stderr`` as it is when a message is logged, not as it was when
+    logging was set up: a process that replaces ``sys.stderr`` later (a server's, a notebook's, a
+    caller that captures it) keeps its messages, and a closed stream is never written to."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:  # the attribute StreamHandler reads and writes
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # StreamHandler's own assignment, ignored
+        pass
+
+
 def setup_logging(level: int = logging.INFO) -> None:
     """Route every logger to one stderr handler and silence messages that say nothing to a user.
 
@@ -62,7 +79,7 @@ def setup_logging(level: int = logging.INFO) -> None:
     ``WANDB_SILENT`` (W&B's own console lines; the project logs where the run is and how to sync
     it) and ``HF_HUB_DISABLE_PROGRESS_BARS`` (bars of local files loading in well under a second).
     """
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     handler.setFormatter(logging.Formatter(FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
