@@ -9,8 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
-from test_grounded_grammar import xgrammar_accepts
-from test_narrow_by_hop import mask_accepts
+from test_grounded_grammar import mask_accepts, xgrammar_accepts
 
 from cbr2.config import Config
 from cbr2.data.benchmarks import Benchmark
@@ -53,6 +52,8 @@ def test_only_functions_that_can_still_end_as_asked_stay_open():
     # An attribute's values can still become a yes or no; a yes or no cannot become values.
     assert {"QueryAttr", "VerifyNum", "VerifyStr"} <= live_functions(["bool"])
     assert "QueryAttr" in live_functions(["values"]) and "VerifyNum" not in live_functions(["values"])
+    # A closed function (no entity linked: no Find) is never live, whatever the answer.
+    assert "Find" not in live_functions(["count"], frozenset({"Find"})) and "FindAll" in live_functions(["count"])
 
 
 @pytest.mark.parametrize("fmt", ["dag", "chain"])
@@ -105,6 +106,24 @@ def test_a_step_with_nothing_allowed_left_keeps_the_grammar_choice():
     ended = np.full(len(chars), -np.inf)
     ended[5] = 0.0
     assert np.isfinite(mask([0, 1, 2, 3], ended.copy())[5])
+
+
+def test_the_token_layer_never_forbids_every_token_the_grammar_allows():
+    # A question with no linked entity (Find closed) whose cases end with an attribute's values.
+    chars = [chr(c) for c in range(32, 127)] + ["\n", "→", None]
+    table = TokenTable(chars)
+    mask = GroundedMask(table, {"entity": (), ANSWER: ("values",)}, lambda got: "".join(chars[i] for i in got))
+
+    def allowed(text, grammar):
+        scores = np.full(table.size, -np.inf)
+        scores[[chars.index(c) for c in grammar]] = 0.0
+        return {chars[i] for i in np.flatnonzero(np.isfinite(mask([chars.index(c) for c in text], scores)))}
+
+    # Every Verify* ends with a yes or no, not the values asked; where the grammar allows only those, they stay.
+    assert allowed("r1: FindAll[] → QueryAttr[box office] → Verify", "SNYD") == set("SNYD")
+    # Find's bracket opens the closed kind: forbidden while FindAll is possible, the grammar's choice when it is all.
+    assert allowed("r1: Find", "[A") == {"A"}
+    assert allowed("r1: Find", "[") == {"["}
 
 
 def test_prompts_carry_the_answer_types_only_when_asked_and_never_from_the_gold_program(kqapro):

@@ -22,7 +22,6 @@ from cbr2.config.schema import (
     EncoderBackend,
     ExecutorEngine,
     IndexKind,
-    KnowledgeMatch,
     KnowledgeStyle,
     ProgramFormat,
     StructuralLabel,
@@ -97,13 +96,12 @@ def test_each_choice_type_is_the_set_of_the_code_that_reads_it():
     from cbr2.kopl.text import FORMATS
     from cbr2.retrieval.encoders import BACKENDS
     from cbr2.retrieval.index import INDEX_KINDS
-    from cbr2.retrieval.knowledge import KNOWLEDGE_MATCHES
     from cbr2.retrieval.retriever import CASE_MODES
     from cbr2.structural.labels import LABELS
 
     pairs = [(ProgramFormat, FORMATS), (CaseMode, CASE_MODES), (IndexKind, INDEX_KINDS), (ExecutorEngine, ENGINES),
              (StructuralLabel, LABELS), (EncoderBackend, BACKENDS), (KnowledgeStyle, KNOWLEDGE_STYLES),
-             (KnowledgeMatch, KNOWLEDGE_MATCHES), (AnswerType, ANSWER_SOURCES)]
+             (AnswerType, ANSWER_SOURCES)]
     for literal, table in pairs:
         assert typing.get_args(literal) == tuple(table), (literal, table)
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 from cbr2.common.records import Prompt
 from cbr2.data.benchmarks import Benchmark
 from cbr2.generation.grammar import ProgramGrammar
-from cbr2.generation.grounded import GROUNDED_KINDS
+from cbr2.generation.grounded import ANSWER, GROUNDED_KINDS, GroundedMask, TokenTable, closed_functions
 from cbr2.llm.base import request_grammar
 
 
@@ -109,6 +110,32 @@ def xgrammar_accepts(ebnf: str):
         return bool(matcher.accept_string(text) and matcher.is_terminated())
 
     return accepts
+
+
+def mask_accepts(candidates, fmt="dag", ends=False):
+    """Whether the token layer lets a text be written one character at a time (a vocabulary of
+    single characters: every text can be spelt, and the layer decides at every character), and
+    with ``ends`` then end (an end token, as the model's end of text), every token allowed by the
+    grammar."""
+    chars = [chr(c) for c in range(32, 127)] + ["\n", "→", None]
+    table = TokenTable(chars)
+    index = {c: i for i, c in enumerate(chars)}
+
+    def accepts(text: str) -> bool:
+        ids = [index[c] for c in text] + ([len(chars) - 1] if ends else [])
+        mask = GroundedMask(table, candidates, lambda got: "".join(chars[i] for i in got), fmt)
+        return all(np.isfinite(mask(ids[:i], np.zeros(table.size))[ids[i]]) for i in range(len(ids)))
+
+    return accepts
+
+
+def test_only_a_start_calls_kind_may_be_closed(grammar):
+    assert closed_functions({"quantity": ("5",), "entity": ()}) == {"Find"}
+    assert closed_functions({ANSWER: ()}) == frozenset()  # not an argument's kind
+    # A closed kind taken after a branch's start would need every tail rule rewritten: refused, so
+    # the per-request grammar never means less than the token layer does.
+    with pytest.raises(ValueError, match="closes only start calls' kinds; closed here: .*FilterNum"):
+        grammar.grounded_ebnf({"quantity": ()})
 
 
 def test_a_grounded_grammar_accepts_the_candidates_and_refuses_the_rest(grammar, vocab):

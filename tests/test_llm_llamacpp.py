@@ -154,3 +154,21 @@ def test_a_prompt_longer_than_the_context_is_an_overflow_and_the_next_goes_on(sm
     assert got[0].text == "" and got[0].completion_tokens == 0 and got[0].prompt_tokens >= 64
     assert got[0].overflow.startswith(f"the prompt has {got[0].prompt_tokens} tokens, the context 64")
     assert got[1].overflow is None and got[1].prompt_tokens < 64 and seen == [0, 1]
+
+
+def test_a_token_outside_the_grammar_ends_the_output_and_raises_after_it():
+    import numpy as np
+    import xgrammar as xgr
+
+    from cbr2.llm.llamacpp import _GrammarMask
+
+    vocab = ["a", "b", "</s>"]
+    info = xgr.TokenizerInfo(vocab, stop_token_ids=[2])
+    mask = _GrammarMask(xgr.GrammarCompiler(info).compile_grammar('root ::= "ab"'), 0, len(vocab), eos=2)
+    scores = mask([0], np.zeros(len(vocab), dtype=np.float32))
+    assert np.isfinite(scores).tolist() == [False, True, False] and mask.error is None
+    _GrammarMask.raise_if_failed([mask])  # nothing to raise
+    scores = mask([0, 0], np.zeros(len(vocab), dtype=np.float32))  # "aa": outside the grammar
+    assert np.isfinite(scores).tolist() == [False, False, True]  # only the end of the output
+    with pytest.raises(RuntimeError, match="token 0 was chosen outside the grammar"):
+        _GrammarMask.raise_if_failed([mask])

@@ -382,65 +382,6 @@ def test_a_grounded_prompt_decodes_under_its_own_grammar(structured, monkeypatch
     assert sent[0][1] is sent[2][1]  # ungrounded prompts share one SamplingParams
     assert {params.kwargs["max_tokens"] for _, params in sent} == {100}  # the KB grammar's bound holds
     assert [c.text for c in got] == ["Find(question 0)", "Find(question g)", "Find(question 1)"]
-    assert all(c.decoding == {} for c in got)  # no choice asked: nothing to record
-
-
-def test_execution_guided_choice_samples_once_for_a_refused_program(structured, monkeypatch):
-    """Greedy first; a prompt whose program ``accept`` refuses gets one more request of n samples
-    under its own grammar, seeded by the prompt; the first new sample ``accept`` takes is kept."""
-    from cbr2.llm.base import prompt_seed
-
-    sent = []
-
-    def step(self):
-        rid, p = self.queue.pop()
-        params = next(params for r, _, params in sent if r == rid)
-        tail = p.splitlines()[-2]
-        n = params.kwargs.get("n", 1)
-        texts = ([f"Find({tail})"] if n == 1 else  # greedy; then a repeat of it, a refused one, a kept one
-                 [f"Find({tail})", f"Bad({tail})", f"Good({tail})", f"Later({tail})"][:n])
-        out = SimpleNamespace(prompt_token_ids=list(range(len(p))), request_id=rid, finished=True,
-                              outputs=[SimpleNamespace(text=t, token_ids=[0] * (k + 2), index=k)
-                                       for k, t in reversed(list(enumerate(texts)))])  # index, not list order, counts
-        return [out]
-
-    add = FakeEngine.add_request
-    monkeypatch.setattr(FakeEngine, "add_request", lambda self, rid, p, params: (sent.append((rid, p, params)),
-                                                                                   add(self, rid, p, params)))
-    monkeypatch.setattr(FakeEngine, "step", step)
-    grounded = Prompt("g", "SYSTEM PART", "question g\nProgram:", grounding=(("entity", ("Spain",)),))
-    prompts = [PROMPTS[0], grounded]
-    judged = []
-
-    def accept(i, text):
-        judged.append((i, text))
-        return not text.startswith(("Find(question g", "Bad("))
-
-    seen = []
-    backend = VLLMBackend(_cfg(chat=False, seed=3), grammar=GroundedGrammar())
-    got = backend.generate(prompts, on_result=lambda i, c: seen.append(i), accept=accept, candidates=5)
-    assert got[0].text == "Find(question 0)" and got[0].decoding == {"candidates": {"tried": 1, "kept": 0}}
-    assert got[1].text == "Good(question g)" and got[1].decoding == {"candidates": {"tried": 5, "kept": 3}}
-    assert got[1].completion_tokens == 2 + (2 + 3 + 4 + 5)  # every program decoded counts
-    # The repeat of the refused greedy text is not judged again; nothing after the kept one is.
-    assert [text for i, text in judged if i == 1] == ["Find(question g)", "Bad(question g)", "Good(question g)"]
-    assert [text for i, text in judged if i == 0] == ["Find(question 0)"]
-    assert sorted(seen) == [0, 1] and len(sent) == 3
-    _, text, params = sent[2]
-    assert text == grounded.text and params.kwargs["n"] == 4
-    assert params.kwargs["structured_outputs"].kwargs["grammar"] == "root ::= entity=Spain"
-    # A greedy run's alternatives: sampled, seeded by the prompt alone (llm.seed is not in its key).
-    assert params.kwargs["temperature"] == vllm_backend.CANDIDATE_TEMPERATURE and params.kwargs["top_p"] == 1.0
-    assert params.kwargs["seed"] == prompt_seed(0, grounded.text)
-    sampled = vllm_backend.candidate_kwargs(_cfg(temperature=0.5, top_p=0.9, seed=3), None, None, 2, "t")
-    assert (sampled["temperature"], sampled["top_p"], sampled["seed"], sampled["n"]) == (0.5, 0.9, prompt_seed(3, "t"), 2)
-
-
-def test_choose_keeps_the_greedy_program_when_no_sample_answers():
-    greedy = Completion("A", 10, 3)
-    kept = vllm_backend.choose(greedy, [Completion("B", 10, 4), Completion("A", 10, 3)], lambda text: False)
-    assert (kept.text, kept.prompt_tokens, kept.completion_tokens) == ("A", 10, 10)
-    assert kept.decoding == {"candidates": {"tried": 3, "kept": 0}}
 
 
 def test_backends_of_the_same_engine_settings_share_one_engine(monkeypatch):

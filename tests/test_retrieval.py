@@ -14,13 +14,13 @@ from cbr2.config import load_config
 from cbr2.data.benchmarks import EMBEDDED_ROOT, Benchmark
 from cbr2.data.questions import Question
 from cbr2.evaluation.runner import run_evaluation
-from cbr2.kb.triples import Triple, fact_triples, ontology_triples
+from cbr2.kb.triples import fact_triples, ontology_triples
 from cbr2.kopl.sketch import schema_items
 from cbr2.kopl.text import parse_dag_text
 from cbr2.retrieval.cache import EmbeddingStore
 from cbr2.retrieval.cases import CaseRetriever, Query
 from cbr2.retrieval.index import build_index, search
-from cbr2.retrieval.knowledge import Knowledge, KnowledgeRetriever, asked_stems, mentions
+from cbr2.retrieval.knowledge import KnowledgeRetriever
 from cbr2.retrieval.metrics import knowledge_recall, retrieval_metrics, sketch_hit_at_k
 
 BACKBONE = "structural.checkpoint=sentence-transformers/all-MiniLM-L6-v2"
@@ -177,46 +177,19 @@ def test_knowledge_retriever_finds_the_matching_triples(tiny_kb, tmp_path):
     assert none.retrieve(enc.encode(["x"]))[0].facts == ()
 
 
-def test_the_word_match_reads_what_the_question_asks_not_the_names_it_gives():
-    directed = asked_stems("Who directed The Godfather Part II?", ["The Godfather Part II"])
-    assert directed == {"direct"}  # stop words and the entity's own words are gone
-    relation = lambda name: Triple("X", name, "Y", terms=frozenset({("relation", name)}))
-    assert mentions(relation("director"), directed)  # a stem begins the longer one
-    assert not mentions(relation("award received"), directed)
-    # An entity name's words never ask for a relation: "Star" names the film, not starred_actors.
-    assert not mentions(relation("starred_actors"), asked_stems("who directed Star Wars", ["Star Wars"]))
-    assert mentions(relation("starred_actors"), asked_stems("the films starring [Ingrid Bergman]", ["Ingrid Bergman"]))
-    # Short stems match only themselves: "act" is no "actor".
-    assert not mentions(relation("starred_actors"), asked_stems("who acted in Alien", ["Alien"]))
-    concept = Triple("Warsaw", "instance of", "city", terms=frozenset({("concept", "city")}))
-    assert mentions(concept, asked_stems("which cities are in Poland", ["Poland"]))
-
-
-def test_the_word_match_shows_only_triples_the_question_names(tiny_kb, tmp_path):
-    words = ["marie", "curie", "date", "birth", "population", "warsaw", "city", "height", "award"]
-    enc = KeywordEncoder(words)
-    retriever = KnowledgeRetriever(tiny_kb, enc, "kw", EmbeddingStore(tmp_path), k_ontology=3, k_facts=2,
-                                   match="words")
-    questions = ["What is the height of Marie Curie?", "Who is Marie Curie?", "What is the population of Warsaw?"]
-    linked = [("Marie Curie",), ("Marie Curie",), ("Warsaw",)]
-    height, nothing, population = retriever.retrieve(enc.encode(questions), linked, questions)
-    # Only the linked entity's facts: Pierre Curie's height matches the words, not the question.
-    assert [t.text for t in height.facts] == ["Marie Curie | height | 155 centimetre"]
-    assert height.ontology and all(("key", "height") in t.terms for t in height.ontology)
-    assert nothing == Knowledge()  # nearest triples there are, but the question names no schema item
-    assert [t.text for t in population.facts] == ["Warsaw | population | 1790658 (point in time: 2021)"]
-    # Without a linked entity the nearest matching facts of any entity are shown.
-    (unlinked,) = retriever.retrieve(enc.encode(["Which has the largest population?"]), [()],
-                                     ["Which has the largest population?"])
-    assert {t.subject for t in unlinked.facts} == {"Warsaw", "Paris"} and {t.predicate for t in unlinked.facts} == {"population"}
-    assert len(population.ontology) <= 3 and len(population.facts) <= 2
-    # The same searches by similarity fill every K.
-    nearest = KnowledgeRetriever(tiny_kb, enc, "kw", EmbeddingStore(tmp_path), k_ontology=3, k_facts=2)
-    assert [len(k.facts) for k in nearest.retrieve(enc.encode(questions), linked, questions)] == [2, 2, 2]
-    with pytest.raises(ValueError, match="needs the questions' texts"):
-        retriever.retrieve(enc.encode(questions), linked)
-    with pytest.raises(ValueError, match="unknown retrieval.knowledge_match 'lexical'"):
-        KnowledgeRetriever(tiny_kb, enc, "kw", EmbeddingStore(tmp_path), match="lexical")
+def test_the_linked_entities_facts_come_first_then_the_nearest(tiny_kb, tmp_path):
+    enc = KeywordEncoder(["marie", "curie", "date", "birth", "population", "warsaw", "city", "height", "award"])
+    retriever = KnowledgeRetriever(tiny_kb, enc, "kw", EmbeddingStore(tmp_path), k_ontology=0, k_facts=5)
+    question = enc.encode(["Who is Marie Curie?"])
+    (nearest,) = retriever.retrieve(question)
+    assert nearest.facts[0].subject == "Marie Curie"
+    (linked,) = retriever.retrieve(question, [("Paris",)])
+    # Paris's four facts (as subject, or as a relation's object) by similarity, then the nearest one.
+    assert [t.text for t in linked.facts] == [
+        "Pierre Curie | place of birth | Paris", "Paris | elevation above sea level | 35 metre",
+        "Paris | population | 2145906 (point in time: 2020)", "Paris | instance of | city",
+        "Marie Curie | instance of | human"]
+    assert list(linked.facts_scores[:4]) == sorted(linked.facts_scores[:4], reverse=True)
 
 
 def test_triples_name_their_schema_items(tiny_kb):

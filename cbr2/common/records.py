@@ -10,8 +10,7 @@ written by one package and read by others above and below it; a question (``Ques
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 
@@ -58,17 +57,12 @@ class Completion:
         overflow: Set (saying by how much) when the prompt did not fit the model's context, so
             nothing was generated: the run records the question as a failure of its own kind
             (``PROMPT_TOO_LONG``) and goes on.
-        decoding: What the backend knows about how it decoded ``text``, as prediction-record
-            fields the run writes as they are: ``candidates`` (``{"tried": n, "kept": i}``, the
-            programs decoded for the prompt and which of them ``text`` is, 0 the first) with
-            ``generation.candidates`` > 1.
     """
 
     text: str
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     overflow: str | None = None
-    decoding: Mapping[str, Any] = field(default_factory=dict)
 
 
 PROMPT_TOO_LONG = "prompt_too_long"
@@ -138,7 +132,8 @@ class Prediction(_Judged, total=False):
     argument and whether the question's candidates held it, ``cbr2.generation.grounded``);
     ``single_pass`` and ``fallback`` with ``generation.fallback`` on; ``reasoning_types`` (KQA Pro's, of the
     gold program: ``data.questions.question_record``). Records of older runs may lack some keys; readers use ``.get``
-    for those.
+    for those. They may also carry keys no run writes any more (``candidates``, of the retired
+    execution-guided choice), which readers leave alone.
     """
 
     generated_chars: int

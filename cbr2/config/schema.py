@@ -25,7 +25,6 @@ ProgramFormat = Literal["dag", "chain"]  # prompt.format: cbr2.kopl.text.FORMATS
 KnowledgeStyle = Literal["triples", "steps"]  # prompt.knowledge_style: cbr2.generation.prompt.KNOWLEDGE_STYLES
 CaseMode = Literal["dual", "semantic", "structural", "random", "none"]  # retrieval.cases: retriever.CASE_MODES
 AnswerType = Literal["free", "structural"]  # generation.answer_type: cbr2.generation.grounded.ANSWER_SOURCES
-KnowledgeMatch = Literal["similarity", "words"]  # retrieval.knowledge_match: cbr2.retrieval.knowledge.KNOWLEDGE_MATCHES
 IndexKind = Literal["flat", "hnsw", "ivf"]  # retrieval.index: cbr2.retrieval.index.INDEX_KINDS
 EncoderBackend = Literal["auto", "torch", "onnx", "onnx-int8"]  # retrieval.encoder_backend: encoders.BACKENDS
 ExecutorEngine = Literal["cbr2", "kopl"]  # eval.executor: cbr2.kopl.executor.ENGINES
@@ -176,26 +175,12 @@ class GenerationConfig:
     (``cbr2.generation.grounded.Reach``). Acts where ``grounded`` acts (every backend that has it).
     Chosen on validation (docs/results/cpu-default.md, "Relate and concepts narrowed to the KB around
     the question's entities")."""
-    narrow_by_hop: bool = False
-    """With ``narrow``, a ``Relate`` on a branch from ``Find`` takes a pair of the entities at its
-    own hop: the first after ``Find`` one the linked entities have, the second one the entities a
-    step away have, up to H (``cbr2.generation.grounded.Reach``); a ``Relate`` after a join or
-    ``FindAll`` keeps the pairs of the whole reach. It narrows where plain narrowing cannot: with
-    the whole KB within H hops (mini-metaqa), a relation read the wrong way from the topic entity."""
     find_needs_link: bool = True
     """With grounded decoding, a question in which linking found no KB entity gets no ``Find``:
     its program starts every branch from ``FindAll`` (``cbr2.generation.grounded.slot_candidates``).
     Without it such a question's ``Find`` is left to the grammar, and a small model fills it with
     an entity of a case or of the knowledge. Acts where ``grounded`` acts. Chosen on validation
     (docs/results/cpu-default.md, "No Find without a linked entity")."""
-    literal_needs_mention: bool = False
-    """With grounded decoding, a question in which linking read no literal value (no quantity, year
-    or date) gets no call that takes one: no ``FilterNum``, ``VerifyYear``, ``QFilterDate`` ...
-    (``cbr2.generation.grounded.slot_candidates``). A program's values come from its question; without
-    it such a question's value slots are left to the grammar, and a small model fills them with a
-    value of a case or of the question's own facts (``QueryAttr[population] → VerifyNum[44000000 |
-    !=]`` for "What is the population of Oceania?"). Acts where ``grounded`` acts. Measured off on
-    validation (docs/results/cpu-default.md, "No literal value without one in the question")."""
     answer_type: AnswerType = "structural"
     """With grounded decoding, what the program may end with: ``free``, any answer the grammar
     allows; ``structural``, one of the answer types (count, bool, an attribute's values, names ...)
@@ -204,13 +189,6 @@ class GenerationConfig:
     question text, so its cases say what kind of answer is asked for; no gold program is read.
     Acts where ``grounded`` acts and the prompt has structural cases (``retrieval.cases``). Chosen
     on validation (docs/results/cpu-default.md, "The answer type of the structural cases")."""
-    candidates: int = bounded(1, 1, 16)
-    """Execution-guided choice under the grammar (the ``llamacpp`` and ``vllm`` backends): when the
-    greedy program does not parse, type-check or execute to a non-empty answer, up to
-    ``candidates - 1`` more are decoded from the same prompt computation (llama.cpp: each leaving
-    the greedy path at one of its closest calls, smallest logit margin first; vLLM: sampled in one
-    request) and the first that executes to an answer is kept. No gold answer is read: an answer,
-    right or wrong, ends the search."""
     fallback: bool = False
     """When the single-pass program fails (syntax, type or execution error, empty answer), one
     correction round with the error and the nearest valid schema items."""
@@ -278,15 +256,6 @@ class RetrievalConfig:
     k_facts: int = bounded(0, 0)
     """Fact triples per question (K_f; the paper's, and ``--ablation full``'s, 10; 0 on the CPU
     default, as ``k_ontology``)."""
-    knowledge_match: KnowledgeMatch = "similarity"
-    """How the K_o + K_f triples are chosen, for the question and for each case: ``similarity``,
-    the nearest to the question (the paper's); ``words``, among the nearest 100 of each kind (and
-    all the facts of the linked entities), only those whose relation, attribute or qualifier key
-    shares a word stem with the question outside its entity names, so a question whose words name
-    no schema item shows none, and facts only of the linked entities when they have any
-    (``cbr2.retrieval.knowledge``). Off: chosen on validation, it lost 18.9 points to w/o knowledge
-    on the held-out mini-kqapro questions (docs/results/cpu-default.md, "Knowledge the question
-    asks for")."""
     k_semantic: int = bounded(3, 0)
     """Cases from the semantic view (k_s; the paper: 5, ``configs/paper.yaml``)."""
     k_structural: int = bounded(3, 0)

@@ -45,7 +45,7 @@ from cbr2.evaluation.run_folder import (
 from cbr2.evaluation.scoring import score_completion, unanswered
 from cbr2.evaluation.selection import resolve_shard, select_questions, shard_of
 from cbr2.generation.canonicalize import Canonicalizer, build_canonicalizer
-from cbr2.generation.fallback import FIRES_ON, build_correction, corrected, first_pass
+from cbr2.generation.fallback import build_correction, corrected, first_pass
 from cbr2.generation.grammar import build_grammar
 from cbr2.generation.grounded import ANSWER, Reach, case_answer_types, grounded_arguments, pool_hops, slot_candidates
 from cbr2.generation.prompt import PromptBuilder, prompt_hash
@@ -88,8 +88,8 @@ def reach_of(cfg: DictConfig, bench: Benchmark) -> Reach | None:
         return None
     hops = pool_hops(q.program for q in bench.questions(bench.family.train_split))
     log.info("generation.narrow: Relate pairs and concepts within %d hop(s) of the linked entities "
-             "(the training pool's longest Relate chain)%s", hops, ", each hop its own" if gen.narrow_by_hop else "")
-    return Reach(bench.kb, hops, gen.narrow_by_hop)
+             "(the training pool's longest Relate chain)", hops)
+    return Reach(bench.kb, hops)
 
 
 def build_prompts(prompt: DictConfig, generation: DictConfig, questions: Sequence[Question],
@@ -116,8 +116,7 @@ def build_prompts(prompt: DictConfig, generation: DictConfig, questions: Sequenc
         item = retrieved.get(q.qid, empty)
         grounding = ()
         if ground and item.links is not None:
-            found = slot_candidates(item.links, q.question, generation.find_needs_link,
-                                    generation.literal_needs_mention)
+            found = slot_candidates(item.links, q.question, generation.find_needs_link)
             if reach is not None:
                 found.update(reach.candidates(item.links))
             if generation.answer_type == "structural" and (answers := case_answer_types(item.cases)):
@@ -310,8 +309,7 @@ class Answerer:
         marked pending, then again as its final record).
 
         A record carries what its prompt and the backend say of it: ``prompt_hash``,
-        ``generation_key``, the token counts, ``prompt_chars``, the backend's decoding fields,
-        ``grounded`` (with grounded decoding), and ``latency_s``: the wall time since the
+        ``generation_key``, the token counts, ``prompt_chars``, ``grounded`` (with grounded decoding), and ``latency_s``: the wall time since the
         previous answer, so that their sum is the generation time, also for backends that return
         a whole batch at once.
 
@@ -341,8 +339,7 @@ class Answerer:
                     now = time.perf_counter()
                     record = (unanswered(questions[i], PROMPT_TOO_LONG, completion.overflow) if completion.overflow
                               else score(completion.text, i))
-                    # What the prompt and the backend know of how the text was decoded, as they give it.
-                    record.update(_prompt_fields(record, prompts[i]), **completion.decoding)
+                    record.update(_prompt_fields(record, prompts[i]))
                     record.update(prompt_hash=hashes[i], generation_key=self.generation_key,
                                   prompt_tokens=completion.prompt_tokens,
                                   completion_tokens=completion.completion_tokens, prompt_chars=len(prompts[i].text),
@@ -355,23 +352,11 @@ class Answerer:
                     write(record)
                     bar.update()
 
-                self.backend.generate([prompts[i] for i in todo], on_result=on_result, **_choice(gen, todo, score))
+                self.backend.generate([prompts[i] for i in todo], on_result=on_result)
         if corrections:
             self.load()
             _correct(self.bench, self._canonicalize, self.backend,
                      [(i, prompts[i], record) for i, record in corrections], score, write, show_progress)
-
-
-def _choice(gen: DictConfig, todo: Sequence[int], score: Callable[[str, int], Prediction]) -> dict[str, Any]:
-    """``generate``'s arguments of execution-guided choice (``generation.candidates``), or none
-    (``check_capabilities`` made sure at start that the backend takes them).
-
-    A program is accepted when it parses, type-checks and executes to a non-empty answer: what
-    is visible without the gold answer (the fallback's ``FIRES_ON`` kinds are the refusals).
-    """
-    if gen.candidates <= 1:
-        return {}
-    return {"candidates": gen.candidates, "accept": lambda j, text: score(text, todo[j])["error_kind"] not in FIRES_ON}
 
 
 def _prompt_fields(record: Prediction, prompt: Prompt) -> dict[str, Any]:

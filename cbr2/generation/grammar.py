@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from cbr2.config import GenerationConfig
-from cbr2.generation.grounded import ANSWER, RELATE, closed_functions, hop_kind, relate_hops
+from cbr2.generation.grounded import ANSWER, RELATE, closed_functions
 from cbr2.kb.model import Vocabulary
-from cbr2.kopl.functions import ALIASES, ANSWER_TYPES, CLOSED_KINDS, ENTITY_TYPES, FUNCTIONS, FunctionSpec, accepts
+from cbr2.kopl.functions import ALIASES, ANSWER_TYPES, CLOSED_KINDS, FUNCTIONS, FunctionSpec, accepts
 from cbr2.kopl.grounding import SLOT_KINDS, slot_items
 from cbr2.kopl.text import ARROW, CALL_SEPARATORS, FORMATS, escape_arg
 
@@ -111,7 +111,6 @@ class ProgramGrammar:
         fmt: ``dag`` or ``chain``.
         bounds: Size limits.
         cache_dir: Root of the compiled-grammar cache (``retrieval.cache_dir`` semantics).
-        without: Names of functions the grammar leaves out (``grounded_ebnf``'s closed kinds).
 
     Attributes:
         ebnf: The grammar text (xgrammar's EBNF dialect, which vLLM's ``grammar`` takes too).
@@ -121,9 +120,8 @@ class ProgramGrammar:
     """
 
     def __init__(self, vocab: Vocabulary, fmt: str = "dag", bounds: Bounds = Bounds(),
-                 cache_dir: str | None = None, without: frozenset[str] = frozenset()):
-        self.cache_dir, self._vocab = cache_dir, vocab
-        self._variants: dict[frozenset[str], ProgramGrammar] = {}
+                 cache_dir: str | None = None):
+        self.cache_dir = cache_dir
         if fmt not in FORMATS:
             raise ValueError(f"unknown program format {fmt!r}; expected one of {', '.join(FORMATS)}")
         self.fmt, self.bounds = fmt, bounds
@@ -131,8 +129,7 @@ class ProgramGrammar:
         self._valid: dict[str, Callable[[str], bool]] = {}
         """Per argument kind, whether an argument text is one its rule derives (``grounded_ebnf``)."""
         self._args = self._argument_rules(vocab)
-        self.functions = [s for s in FUNCTIONS.values()
-                          if s.name not in without and all(a.kind in self._args for a in s.args)]
+        self.functions = [s for s in FUNCTIONS.values() if all(a.kind in self._args for a in s.args)]
         self._memo: dict[tuple, str | None] = {}
         self._root()
         self.ebnf = "\n".join(f"{name} ::= {body}" for name, body in self._r.rules.items()) + "\n"
@@ -236,9 +233,8 @@ class ProgramGrammar:
         An argument of a kind with candidates (``cbr2.generation.grounded.slot_candidates``:
         ``Prompt.grounding``) may only be one of those the KB grammar accepts for that kind; a kind
         with none of them valid, or without candidates, keeps the KB grammar's rule; a kind given
-        with an empty list is closed: no call that takes it is written (``closed_functions``; the
-        grammar of the other functions, built once per closed set, when one of them is not a
-        branch's start; the start rules less those calls when all are). This is the
+        with an empty list is closed: no branch starts with a call that takes it (``closed_functions``;
+        only a start call's kind may be closed, ``entity`` by ``generation.find_needs_link``). This is the
         meaning of the ``llamacpp`` backend's token-level layer (``GroundedMask``) as one grammar,
         for engines that take a grammar per request (vLLM's structured outputs). Rules no longer
         reachable (a closed entity list replaced in every call) are left out, so the engine
@@ -253,13 +249,14 @@ class ProgramGrammar:
 
         Returns:
             The EBNF text; ``ebnf`` itself when no candidate is valid.
+
+        Raises:
+            ValueError: When a closed kind is taken by a call other than a branch's start: such a
+                call sits in every tail rule, which this grammar does not rewrite.
         """
         shut = closed_functions(candidates)
-        if any(spec.arity and spec.name in shut for spec in self.functions):
-            # A call closed after a branch's start sits in every tail rule: the grammar without it.
-            if shut not in self._variants:
-                self._variants[shut] = ProgramGrammar(self._vocab, self.fmt, self.bounds, self.cache_dir, shut)
-            return self._variants[shut].grounded_ebnf(candidates)
+        if tails := sorted(spec.name for spec in self.functions if spec.arity and spec.name in shut):
+            raise ValueError(f"grounded_ebnf closes only start calls' kinds; closed here: {', '.join(tails)}")
         root = self._answer_root(candidates.get(ANSWER, ()))
         rules = dict(self._r.rules)
         if root is not None:
@@ -289,7 +286,6 @@ class ProgramGrammar:
             # The whole bracket is one choice, so the direction is narrowed together with its relation.
             rules["g_relate"] = " | ".join(_lit(p) for p in pairs)
             rules["f_Relate"] = f'{_head("Relate")} "[" g_relate "]"'
-        self._narrow_by_hop(rules, candidates, closed)
         if rules == self._r.rules:
             return self.ebnf
         return "\n".join(f"{name} ::= {body}" for name, body in _reachable(rules, "root").items()) + "\n"
@@ -304,66 +300,6 @@ class ProgramGrammar:
         programs = [self._subtree(1, last, t) for last in range(1, self.bounds.max_lines + 1) for t in kept]
         program = self._group([p for p in programs if p], "program_" + "_".join(kept))
         return None if program is None else f'{program} "\\n\\n"?'
-
-    def _narrow_by_hop(self, rules: dict[str, str], candidates: Mapping[str, Sequence[str]], closed: set[str]) -> None:
-        """Rewrite ``rules`` so that a ``Relate`` at hop h of a branch from ``Find`` takes its
-        hop's pairs (``hop_kind``, ``generation.narrow_by_hop``), as ``GroundedMask`` does.
-
-        A branch from ``Find`` starts on tails that count the ``Relate`` steps taken
-        (``tail_..._hD``); a filter keeps the count, a ``Relate`` adds one and is written by the
-        hop's own call rule (``f_Relate_hH``) where the question has pairs for that hop, by
-        ``f_Relate`` (the whole reach's pairs, or the KB's) where it has none. Past the farthest
-        hop with pairs, and on every other branch, the tails are the usual ones.
-        """
-        hops = relate_hops(candidates)
-        if not hops or "f_Relate" not in rules or "f_Find" not in rules or "f_Find" in closed:
-            return
-        relate = {}
-        for hop in range(1, hops + 1):
-            pairs = self._relate_pairs(candidates.get(hop_kind(hop), ()))
-            relate[hop] = "f_Relate"
-            if pairs:
-                rules[f"g_relate_h{hop}"] = " | ".join(_lit(p) for p in pairs)
-                rules[f"f_Relate_h{hop}"] = f'{_head("Relate")} "[" g_relate_h{hop} "]"'
-                relate[hop] = f"f_Relate_h{hop}"
-        sep = _lit(CALL_SEPARATORS[self.fmt])
-
-        def tail(start: str, end: str, calls: int, depth: int) -> str | None:
-            plain = self._memo.get(("tail", start, end, calls))
-            if depth >= hops or start not in ENTITY_TYPES or plain is None:
-                return plain
-            name = f"{plain}_h{depth}"
-            if name in rules:
-                return name
-            done = start in ANSWER_TYPES if end == "answer" else start == end
-            alternatives = ['""'] if done else []
-            for out in self._types if calls > 0 else ():
-                for call in self._calls(1, (start,), out):
-                    steps = depth + (call == "f_Relate")
-                    rest = tail(out, end, calls - 1, steps) if out in ENTITY_TYPES else \
-                        self._memo.get(("tail", out, end, calls - 1))
-                    if rest is not None:
-                        alternatives.append(f"{sep} {relate[steps] if call == 'f_Relate' else call} {rest}")
-            rules[name] = " | ".join(alternatives)
-            return name
-
-        c = self.bounds.max_calls_per_line
-        for (tag, first, last, end), name in list(self._memo.items()):
-            if tag != "sub" or first != last or name is None:
-                continue
-            label = _lit(f"r{last}: " if self.fmt == "dag" else "")
-            alternatives = []
-            for out in self._types:  # one line's alternatives as _subtree builds them, from Find counted
-                starts = [call for call in self._calls(0, None, out) if call not in closed]
-                rest = self._memo.get(("tail", out, end, c))
-                if not starts or rest is None:
-                    continue
-                if "f_Find" in starts:
-                    alternatives.append(f"{label} f_Find {tail(out, end, c, 0)}")
-                    starts.remove("f_Find")
-                if starts:
-                    alternatives.append(f"{label} ({' | '.join(starts)}) {rest}")
-            rules[name] = " | ".join(alternatives)
 
     def _relate_pairs(self, values: Sequence[str]) -> list[str]:
         """``relation | direction`` candidates (``Reach``) as the grammar writes them, those it accepts."""

@@ -12,9 +12,7 @@ together with the grammar's mask (the ``llamacpp`` backend):
 - a kind without candidates is left to the grammar alone (the fallback when linking found
   nothing), and so is a step where no candidate's continuation survives the grammar's mask;
 - a kind present with no candidates is closed: no function that takes an argument of it may be
-  written (``generation.find_needs_link``: no ``Find`` in a question that names no KB entity;
-  ``generation.literal_needs_mention``: no ``FilterNum``, ``VerifyYear`` ... in a question that
-  mentions no value).
+  written (``generation.find_needs_link``: no ``Find`` in a question that names no KB entity).
 
 Candidates per kind (``slot_candidates``): ``entity`` the linked entities (``Find``); ``quantity``,
 ``year`` and ``date`` the values linking read off the question (a date slot also takes its
@@ -30,15 +28,6 @@ a program of the question's kind reaches no farther than the pool's do. A ``Rela
 wrong way from its entity, or a ``FilterConcept`` that no entity in reach belongs to, executes to
 an empty answer; the KB's own facts rule them out before they are written. Nothing of the
 question's gold side is read.
-
-With ``generation.narrow_by_hop`` as well, a ``Relate`` on a branch that starts from ``Find``
-is narrowed by its place in the chain (``hop_kind``): the first ``Relate`` after ``Find`` takes a
-pair that the linked entities themselves have, the second one that the entities one step away
-have, and so on up to H; a ``Relate`` after a join, after ``FindAll`` or beyond H keeps the pairs
-of the whole reach. Every entity a chain of h ``Relate`` steps (and filters) can yield is the end
-of an h-step walk from a linked entity, so the pairs at hop h hold every pair such a chain can use
-without an empty answer. With 3 hops of reach (mini-metaqa) the whole KB is in reach and plain
-narrowing narrows nothing; by hop, the first ``Relate`` still has only the topic entity's pairs.
 
 With ``generation.answer_type=structural``, one more kind, ``answer``, holds the answer types
 (``cbr2.kopl.functions.ANSWER_TYPES``: ``count``, ``bool``, ``values`` ...) that the cases of the
@@ -83,20 +72,11 @@ MAX_TOKEN_CHARS = 24
 """Longest token text looked up when extending a candidate (longer tokens are rare in names)."""
 
 
-LITERAL_KINDS = ("quantity", "year", "date")
-"""The kinds of literal values a question mentions (``generation.literal_needs_mention``)."""
-
-
-def slot_candidates(links: Links, question: str, find_needs_link: bool = False,
-                    literal_needs_mention: bool = False) -> dict[str, tuple[str, ...]]:
+def slot_candidates(links: Links, question: str, find_needs_link: bool = False) -> dict[str, tuple[str, ...]]:
     """The candidates of each grounded kind for one question; kinds without any are left out.
 
     With ``find_needs_link`` (``generation.find_needs_link``) a question without linked entities
-    keeps ``entity`` with no candidates: a closed kind, so no ``Find`` may be written. With
-    ``literal_needs_mention`` (``generation.literal_needs_mention``) a question in which linking
-    read no value at all keeps ``quantity``, ``year`` and ``date`` closed the same way. A question
-    with some value leaves a kind it has none of to the grammar, as without the switch: a number
-    the linker read as a year may be a quantity."""
+    keeps ``entity`` with no candidates: a closed kind, so no ``Find`` may be written."""
     values = links.values
     spans = tuple(question_spans(question))
     found = {
@@ -111,29 +91,11 @@ def slot_candidates(links: Links, question: str, find_needs_link: bool = False,
     kept = {kind: items for kind, items in found.items() if items}
     if find_needs_link and not links.entities:
         kept["entity"] = ()
-    if literal_needs_mention and not any(kind in kept for kind in LITERAL_KINDS):
-        kept.update({kind: () for kind in LITERAL_KINDS})
     return kept
 
 
 RELATE = "relate"
 """The candidate kind of a whole ``Relate`` bracket, ``relation | direction`` (``Reach``)."""
-
-
-def hop_kind(hop: int) -> str:
-    """The candidate kind of a ``Relate`` bracket at hop ``hop`` (1: right after ``Find``) of a
-    chain from ``Find`` (``generation.narrow_by_hop``)."""
-    return f"{RELATE}@{hop}"
-
-
-def is_relate_kind(kind: str) -> bool:
-    """Whether ``kind`` holds ``Relate`` brackets (``RELATE`` or a ``hop_kind``)."""
-    return kind == RELATE or kind.startswith(f"{RELATE}@")
-
-
-def relate_hops(candidates: Iterable[str]) -> int:
-    """The farthest hop with its own candidates (``hop_kind``) among the kinds ``candidates``."""
-    return max((int(kind.partition("@")[2]) for kind in candidates if kind.startswith(f"{RELATE}@")), default=0)
 
 
 ANSWER = "answer"
@@ -197,12 +159,10 @@ class Reach:
     Args:
         kb: The knowledge base.
         hops: How far from a linked entity a ``Relate`` may go (``pool_hops``); 0 narrows nothing.
-        by_hop: Also give each hop of a chain from ``Find`` its own pairs (``hop_kind``,
-            ``generation.narrow_by_hop``).
     """
 
-    def __init__(self, kb: KB, hops: int, by_hop: bool = False):
-        self.kb, self.hops, self.by_hop = kb, hops, by_hop
+    def __init__(self, kb: KB, hops: int):
+        self.kb, self.hops = kb, hops
         self._ids: dict[str, list[str]] = defaultdict(list)
         pairs: set[str] = set()
         for eid, ent in kb.entities.items():
@@ -231,9 +191,7 @@ class Reach:
         none of a kind whose reach is all the KB has.
 
         Relation pairs are read off each entity's own facts, where the KB stores every relation on
-        both ends with the direction a ``Relate`` from that end takes. By hop, the entities at hop
-        h + 1 are every object of a fact of those at hop h, those already seen included: a chain
-        may walk back (from a film to its director, then to the director's other films).
+        both ends with the direction a ``Relate`` from that end takes.
         """
         linked = {eid for name in links.entities for eid in self._ids.get(name, ())}
         if not linked or self.hops < 1:
@@ -249,9 +207,6 @@ class Reach:
             seen |= step
             frontier = step
         found = {RELATE: tuple(sorted(pairs))}
-        if self.by_hop:
-            # A hop whose pairs are the whole reach's narrows no further: left out (H = 1 always).
-            found.update({kind: items for kind, items in self._by_hop(linked).items() if items != found[RELATE]})
         concepts = dict.fromkeys(links.concepts)
         for eid in sorted(seen):
             for cid in self.kb.entities[eid].get("instanceOf", []):
@@ -260,21 +215,7 @@ class Reach:
         # A kind whose reach is the whole KB narrows nothing: left out, the question decodes (and
         # its prompt hashes) as without narrowing (mini-metaqa: every pair is within 3 hops).
         return {kind: items for kind, items in found.items()
-                if items and len(items) < (self._pairs if is_relate_kind(kind) else self._concept_names)}
-
-    def _by_hop(self, linked: set[str]) -> dict[str, tuple[str, ...]]:
-        """The pairs of the entities at each hop 1..H of a walk from the linked entities."""
-        found, frontier = {}, linked
-        for hop in range(1, self.hops + 1):
-            pairs, step = set(), set()
-            for eid in frontier:
-                for rel in self.kb.entities[eid].get("relations", []):
-                    pairs.add(f"{rel['relation']} | {rel['direction']}")
-                    if rel["object"] in self.kb.entities:
-                        step.add(rel["object"])
-            found[hop_kind(hop)] = tuple(sorted(pairs))
-            frontier = step
-        return found
+                if items and len(items) < (self._pairs if kind == RELATE else self._concept_names)}
 
 
 def pool_hops(programs: Iterable[Program]) -> int:
@@ -288,10 +229,9 @@ def pool_hops(programs: Iterable[Program]) -> int:
     return longest
 
 
-def find_depths(program: Program, joins: bool = True) -> list[int | None]:
+def find_depths(program: Program) -> list[int | None]:
     """Per step, the ``Relate`` steps on the way from a ``Find`` to its result (a ``Relate`` step
-    counts itself); None where a ``FindAll`` leads to it. A join takes its deeper input, or with
-    ``joins=False`` is None (the hops ``generation.narrow_by_hop`` narrows by)."""
+    counts itself); None where a ``FindAll`` leads to it. A join takes its deeper input."""
     depths: list[int | None] = []
     for step in program.steps:
         spec = get_spec(step.function)
@@ -299,7 +239,7 @@ def find_depths(program: Program, joins: bool = True) -> list[int | None]:
         inputs = [depths[i] for i in step.dependencies if i < len(depths)]
         if name == "Find":
             d: int | None = 0
-        elif not inputs or any(x is None for x in inputs) or (len(inputs) > 1 and not joins):
+        elif not inputs or any(x is None for x in inputs):
             d = None
         else:
             d = max(inputs) + (name == "Relate")
@@ -346,35 +286,6 @@ _NAME_REACH = 40
 _DAG_HEAD = re.compile(r"r\d+: ")
 _DAG_JOIN = re.compile(r"r\d+: \(r\d+, r\d+\) \S+ ")
 """A DAG line's label, and its label and join head, before the line's first call."""
-
-
-def relate_hop(text: str) -> int | None:
-    """The hop of a ``Relate`` that starts where ``text`` ends, on a branch from ``Find``: 1 plus
-    the ``Relate`` steps since that ``Find``. None when the branch starts with ``FindAll`` or a
-    join. Both program forms write a branch's calls one after another after its start or join
-    (the chain form in post-order, one per line), so the calls before it are read backwards
-    until one that takes no input or two."""
-    hop = 1
-    for m in reversed(list(_COMPLETE_CALL.finditer(text))):
-        spec = get_spec(m.group(1))
-        if spec is None:
-            return None
-        if spec.arity != 1:
-            return hop if spec.name == "Find" else None
-        hop += spec.name == "Relate"
-    return None
-
-
-def relate_kind(candidates: Mapping[str, Sequence[str]], text: str) -> str | None:
-    """The candidate kind of a ``Relate`` bracket opened where ``text`` ends: its hop's own
-    (``hop_kind``) if the question has one, else the whole reach's (``RELATE``), else None."""
-    return _kind_at(candidates, relate_hop(text) if relate_hops(candidates) else None)
-
-
-def _kind_at(candidates: Mapping[str, Sequence[str]], hop: int | None) -> str | None:
-    if hop is not None and hop_kind(hop) in candidates:
-        return hop_kind(hop)
-    return RELATE if RELATE in candidates else None
 
 
 class TokenTable:
@@ -479,11 +390,11 @@ class GroundedMask:
         return scores if np.isfinite(scores).any() else grammar
 
     def _narrow(self, generated: Sequence[int], scores: Any) -> Any:
-        # The last call is never far back; a bounded tail keeps each step's cost flat. Only a
-        # Relate's hop reads farther back, to the start of its branch.
+        # The last call is never far back; a bounded tail keeps each step's cost flat. Only the
+        # names' layer reads farther back (the chain form counts the branches still open).
         full = self.detokenize(generated)
-        text, head = full[-240:], full[:-240]
-        bracket = self._relate_bracket(text, head)
+        text = full[-240:]
+        bracket = self._relate_bracket(text)
         if bracket is not None:
             kind, partial = bracket
             return self._keep(scores, self.table.allowed(partial, self.candidates[kind]))
@@ -493,8 +404,8 @@ class GroundedMask:
         slot = current_slot(text)
         if slot is not None and slot[0] in self.candidates:
             return self._keep(scores, self.table.allowed(slot[1], self.candidates[slot[0]]))
-        scores = self._block_openers(text, head, scores)
-        return self._gate_names(head + text, scores) if self._gated else scores
+        scores = self._block_openers(text, scores)
+        return self._gate_names(full, scores) if self._gated else scores
 
     def _gate_names(self, text: str, scores: Any) -> Any:
         """The layer over function names, for the answer type (``ANSWER``) and closed kinds
@@ -568,18 +479,16 @@ class GroundedMask:
             open_branches += 1 if arity == 0 else -1 if arity == 2 else 0
         return (0, *((1,) if open_branches >= 1 else ()), *((2,) if open_branches >= 2 else ()))
 
-    def _relate_bracket(self, text: str, head: str) -> tuple[str, str] | None:
-        """``(candidate kind, text so far)`` of a ``Relate`` bracket that ``text`` (after ``head``,
-        the rest of the generated text) ends inside, when the question has narrowed pairs for it
-        (``relate_kind``): the whole bracket is one candidate, so the direction is narrowed with
-        its relation. None otherwise."""
-        if not any(is_relate_kind(kind) for kind in self.candidates):
+    def _relate_bracket(self, text: str) -> tuple[str, str] | None:
+        """``(RELATE, text so far)`` of a ``Relate`` bracket that ``text`` ends inside, when the
+        question has narrowed pairs (``Reach``): the whole bracket is one candidate, so the
+        direction is narrowed with its relation. None otherwise."""
+        if RELATE not in self.candidates:
             return None
         m = _CALL.search(text)
         if m is None or not _is_relate(m.group(1)):
             return None
-        kind = relate_kind(self.candidates, head + text[:m.start()])
-        return (kind, m.group(2)) if kind is not None else None
+        return RELATE, m.group(2)
 
     def _keep(self, scores: Any, ids: list[int] | None) -> Any:
         """Only ``ids`` stay, if any of them survives the grammar; otherwise the grammar alone decides."""
@@ -593,7 +502,7 @@ class GroundedMask:
             scores[~keep] = -np.inf
         return scores
 
-    def _block_openers(self, text: str, head: str, scores: Any) -> Any:
+    def _block_openers(self, text: str, scores: Any) -> Any:
         """Forbid a token that opens a grounded argument and starts it off every candidate (``Find`` +
         ``[Net`` when the question names Louis Pasteur), or that opens one of a closed kind:
         tokenizers merge brackets with what follows."""
@@ -602,7 +511,7 @@ class GroundedMask:
         openers = self._openers[self._openers < len(scores)]
         for i in openers[np.isfinite(scores[openers])]:
             opened = text + self.table.texts[i]
-            bracket = self._relate_bracket(opened, head)
+            bracket = self._relate_bracket(opened)
             if bracket is not None:
                 kind, partial = bracket
             else:
@@ -630,19 +539,17 @@ def _is_relate(function: str) -> bool:
 def grounded_arguments(program: Program | None, candidates: dict[str, Sequence[str]]) -> list[dict]:
     """Each argument of a grounded kind in ``program``: its value and whether the question's
     candidates held it (``linked``), for the prediction record. With narrowed candidates
-    (``Reach``), each ``Relate`` bracket and concept argument is listed too; a bracket's kind is
-    the one its place in the program narrowed it by (``relate_kind``)."""
+    (``Reach``), each ``Relate`` bracket and concept argument is listed too."""
     if program is None:
         return []
     out = []
-    for step, hop in zip(program.steps, find_depths(program, joins=False), strict=True):
+    for step in program.steps:
         spec = get_spec(step.function)
         if spec is None:
             continue
-        kind = _kind_at(candidates, hop) if spec.name == "Relate" else None
-        if kind is not None and len(step.inputs) == 2:
+        if spec.name == "Relate" and RELATE in candidates and len(step.inputs) == 2:
             value = " | ".join(step.inputs)
-            out.append({"function": spec.name, "kind": kind, "value": value, "linked": value in candidates[kind]})
+            out.append({"function": spec.name, "kind": RELATE, "value": value, "linked": value in candidates[RELATE]})
             continue
         for arg, value in zip(spec.args, step.inputs, strict=False):
             if arg.kind in GROUNDED_KINDS or (arg.kind == "concept" and arg.kind in candidates):

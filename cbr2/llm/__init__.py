@@ -52,10 +52,6 @@ def requested_features(cfg: Any) -> dict[str, str]:
 
     Grounded decoding is asked only where it acts: under the grammar, with linking on (without
     ``retrieval.link`` no prompt carries candidates).
-
-    Raises:
-        ConfigError: For ``generation.candidates`` > 1 without ``generation.constrained``: the
-            alternatives are decoded under the grammar, on every backend.
     """
     gen = cfg.generation
     asked = {}
@@ -63,11 +59,6 @@ def requested_features(cfg: Any) -> dict[str, str]:
         asked["constrained"] = "generation.constrained=true"
         if gen.grounded and cfg.retrieval.link:
             asked["grounded"] = "generation.grounded=true"
-    if gen.candidates > 1:
-        if not gen.constrained:
-            raise ConfigError(f"generation.candidates={gen.candidates} needs generation.constrained=true "
-                              "(the alternatives are decoded under the grammar)")
-        asked["candidates"] = f"generation.candidates={gen.candidates}"
     assert set(asked) <= set(FEATURES)
     return asked
 
@@ -86,9 +77,8 @@ def check_capabilities(cfg: Any) -> None:
             # The gold writer accepts every setting but decodes nothing: it is no alternative to offer.
             able = [n for n in BACKENDS if n != "gold" and feature in backend_class(n).capabilities]
             key = setting.split("=")[0]
-            off = "1" if feature == "candidates" else "false"
             raise ConfigError(f"{setting}: llm.backend={name} cannot decode it; use llm.backend={' or '.join(able)}, "
-                              f"or set {key}={off}")
+                              f"or set {key}=false")
 
 
 def make_backend(section: Any, questions: Sequence[Question] = (), grammar: ProgramGrammar | None = None,

@@ -29,9 +29,6 @@ FEATURES = {
                    "with a ``grammar``",
     "grounded": "decodes a prompt that carries ``Prompt.grounding`` under the grammar with its arguments "
                 "drawn from those candidates (``generation.grounded``, ``cbr2.generation.grounded``)",
-    "candidates": "execution-guided choice (``generation.candidates``): ``generate`` takes ``accept`` and "
-                  "``candidates`` and decodes up to that many programs for a prompt whose first one "
-                  "``accept`` refuses",
 }
 """The decoding features a backend may declare in ``capabilities``, and what declaring one promises."""
 

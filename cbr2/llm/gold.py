@@ -51,10 +51,9 @@ class GoldBackend:
         """The predictions cache key beside the prompt."""
         return {"backend": self.name, "format": self.fmt}
 
-    def generate(self, prompts: Sequence[Prompt], on_result: Callable[[int, Completion], None] | None = None,
-                 accept: Callable[[int, str], bool] | None = None, candidates: int = 1) -> list[Completion]:
-        """One gold program text per prompt, looked up by the prompt's question id (``accept`` and
-        ``candidates`` change nothing: there is one gold program)."""
+    def generate(self, prompts: Sequence[Prompt],
+                 on_result: Callable[[int, Completion], None] | None = None) -> list[Completion]:
+        """One gold program text per prompt, looked up by the prompt's question id."""
         out = []
         for i, prompt in enumerate(prompts):
             out.append(Completion(to_text(self.programs[prompt.qid], self.fmt)))

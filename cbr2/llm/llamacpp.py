@@ -25,7 +25,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,8 +79,7 @@ class _GrammarMask:
     next one; the matcher is fed the generated tokens it has not seen yet.
     """
 
-    def __init__(self, compiled: Any, n_prompt: int, n_vocab: int, eos: int, grounded: Any = None,
-                 track: bool = False):
+    def __init__(self, compiled: Any, n_prompt: int, n_vocab: int, eos: int, grounded: Any = None):
         import xgrammar as xgr
 
         self.matcher = xgr.GrammarMatcher(compiled)
@@ -92,12 +90,6 @@ class _GrammarMask:
         """Why decoding left the grammar, if it did (``raise_if_failed``)."""
         self.grounded = grounded
         """The question's ``GroundedMask`` (``generation.grounded``), applied after the grammar's."""
-        self.tokens: list[int] = []
-        """The generated tokens fed to the matcher so far."""
-        self.track = track
-        self.steps: list[tuple[int, float]] = []
-        """With ``track``, per generated position: the runner-up token and its logit margin to the
-        best (-1 and inf when the masks left one token), for execution-guided choice."""
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import numpy as np
@@ -112,7 +104,6 @@ class _GrammarMask:
                 scores[:] = -np.inf
                 scores[self.eos] = 0.0
                 return scores
-            self.tokens.append(int(token))
         self.fed = len(generated)
         self.matcher.fill_next_token_bitmask(self.bitmask)
         # The bitmask is int32 words, bit i of word w allowing token 32 w + i (padded past the vocabulary).
@@ -120,12 +111,6 @@ class _GrammarMask:
         scores[allowed == 0] = -np.inf
         if self.grounded is not None:
             scores = self.grounded(generated, scores)
-        if self.track:  # a partition of the whole vocabulary per token: only when it is used
-            best, second = np.argpartition(-scores, 1)[:2]
-            if scores[second] > scores[best]:
-                best, second = second, best
-            margin = float(scores[best] - scores[second])
-            self.steps.append((int(second), margin) if np.isfinite(scores[second]) else (-1, float("inf")))
         return scores
 
     @staticmethod
@@ -151,9 +136,8 @@ class LlamaCppBackend:
     """
 
     name = "llamacpp"
-    capabilities = frozenset({"constrained", "grounded", "candidates"})
-    """The grammar and the grounded layer mask the logits token by token (``_GrammarMask``);
-    alternatives branch off the greedy run at its closest calls (``_choose``)."""
+    capabilities = frozenset({"constrained", "grounded"})
+    """The grammar and the grounded layer mask the logits token by token (``_GrammarMask``)."""
 
     def __init__(self, cfg: LLMConfig, grammar: Any = None):
         self.cfg = cfg
@@ -281,10 +265,9 @@ class LlamaCppBackend:
         # generate() drops the KV cache past the tokens kept here before it reads the rest.
         llm.n_tokens = len(prefix)
 
-    def _grammar_processor(self, n_prompt: int, prompt: Prompt, track: bool = False) -> Any:
+    def _grammar_processor(self, n_prompt: int, prompt: Prompt) -> Any:
         """A fresh logits processor list for one output under the grammar (with the prompt's
-        grounded layer when it carries one, recording runner-up tokens with ``track``), or None
-        without a grammar."""
+        grounded layer when it carries one), or None without a grammar."""
         if self.grammar is None:
             return None
         from llama_cpp import LogitsProcessorList
@@ -297,8 +280,7 @@ class LlamaCppBackend:
             from cbr2.generation.grounded import GroundedMask
 
             grounded = GroundedMask(self._token_table(), dict(prompt.grounding), self._detokenize, self.grammar.fmt)
-        return LogitsProcessorList([_GrammarMask(self._compiled, n_prompt, llm.n_vocab(), llm.token_eos(), grounded,
-                                                 track)])
+        return LogitsProcessorList([_GrammarMask(self._compiled, n_prompt, llm.n_vocab(), llm.token_eos(), grounded)])
 
     def _detokenize(self, ids: Sequence[int]) -> str:
         return self._llm.detokenize([int(i) for i in ids]).decode("utf-8", errors="replace")
@@ -318,41 +300,8 @@ class LlamaCppBackend:
             self._tokens = TokenTable(texts)
         return self._tokens
 
-    def _choose(self, index: int, prompt: Prompt, ids: list[int], seed: int, greedy_mask: _GrammarMask,
-                greedy: Completion, accept: Callable[[int, str], bool], candidates: int) -> Completion:
-        """Execution-guided choice: programs that leave the greedy path at one of its closest calls.
-
-        The greedy run recorded, per generated position, the runner-up token under both masks and
-        its logit margin. Alternative ``k`` keeps the greedy tokens before the ``k``-th smallest
-        margin, takes the runner-up there and decodes on under the same masks; the prompt and the
-        shared tokens stay in llama.cpp's KV cache, so each alternative costs only its own tokens.
-        The first alternative ``accept`` takes is kept; when none is, the greedy program is.
-        """
-        llm = self._llm
-        # Position p was chosen knowing the p tokens before it, which the matcher was fed.
-        chosen, steps = greedy_mask.tokens, greedy_mask.steps[:len(greedy_mask.tokens) + 1]
-        order = sorted((pos for pos, (alt, _) in enumerate(steps) if alt >= 0), key=lambda pos: steps[pos][1])
-        tried, tokens = 1, greedy.completion_tokens or 0
-        for pos in order[:candidates - 1]:
-            forced = [*chosen[:pos], steps[pos][0]]
-            budget = min(self.max_new_tokens, self.n_ctx - len(ids)) - len(forced)
-            if budget <= 0:
-                continue
-            out = llm.create_completion([*ids, *forced], max_tokens=budget, temperature=self.temperature,
-                                        top_p=self.top_p, top_k=0, min_p=0.0, repeat_penalty=1.0,
-                                        stop=self.stop or None, seed=seed,
-                                        logits_processor=(processor := self._grammar_processor(len(ids), prompt)))
-            _GrammarMask.raise_if_failed(processor)
-            text = cut_at_stop(self._detokenize(forced) + out["choices"][0]["text"], self.stop)
-            tried += 1
-            tokens += 1 + out.get("usage", {}).get("completion_tokens", 0)
-            if accept(index, text):
-                return Completion(text, greedy.prompt_tokens, tokens,
-                                  decoding={"candidates": {"tried": tried, "kept": tried - 1}})
-        return Completion(greedy.text, greedy.prompt_tokens, tokens, decoding={"candidates": {"tried": tried, "kept": 0}})
-
-    def generate(self, prompts: Sequence[Prompt], on_result: Callable[[int, Completion], None] | None = None,
-                 accept: Callable[[int, str], bool] | None = None, candidates: int = 1) -> list[Completion]:
+    def generate(self, prompts: Sequence[Prompt],
+                 on_result: Callable[[int, Completion], None] | None = None) -> list[Completion]:
         """One completion per prompt, in input order.
 
         Greedy when ``temperature`` is 0, else sampling with ``temperature`` and ``top_p`` (no
@@ -362,10 +311,6 @@ class LlamaCppBackend:
         Args:
             prompts: The prompts.
             on_result: Called as ``on_result(index, completion)`` as soon as a prompt is done.
-            accept: ``accept(index, text)``: whether a program text is good enough to keep
-                (execution-guided choice, ``generation.candidates``; it must not read the gold side).
-            candidates: Programs decoded at most per prompt under the grammar when ``accept``
-                refuses the greedy one (``_choose``).
 
         Returns:
             The completions, with prompt and completion token counts; a prompt longer than the
@@ -392,8 +337,7 @@ class LlamaCppBackend:
             seed = prompt_seed(self.seed, text)
             llama_cpp.llama_perf_context_reset(llm.ctx)
             self._keep_prefix(self._prefix_ids(prompt, text, ids))
-            choosing = candidates > 1 and accept is not None
-            processor = self._grammar_processor(len(ids), prompt, track=choosing)
+            processor = self._grammar_processor(len(ids), prompt)
             out = llm.create_completion(ids, max_tokens=min(self.max_new_tokens, self.n_ctx - len(ids)),
                                         temperature=self.temperature, top_p=self.top_p, top_k=0, min_p=0.0,
                                         repeat_penalty=1.0, stop=self.stop or None, seed=seed,
@@ -405,10 +349,6 @@ class LlamaCppBackend:
             usage = out.get("usage", {})
             completion = Completion(cut_at_stop(out["choices"][0]["text"], self.stop), len(ids),
                                     usage.get("completion_tokens"))
-            if choosing and processor is not None:
-                completion = (replace(completion, decoding={"candidates": {"tried": 1, "kept": 0}})
-                              if accept(i, completion.text)
-                              else self._choose(i, prompt, ids, seed, processor[0], completion, accept, candidates))
             results.append(completion)
             if on_result is not None:
                 on_result(i, completion)

@@ -20,10 +20,7 @@ whose GGUF is converted once into an fp32 transformers folder (vLLM has no GGUF 
 The method's decoding goes through vLLM's structured outputs, one grammar per request: the run's
 grammar (``generation.constrained``), or for a prompt that carries candidates its grounded form
 (``generation.grounded``: ``ProgramGrammar.grounded_ebnf``, the meaning of the ``llamacpp``
-backend's token-level layer). Execution-guided choice (``generation.candidates``): a prompt whose
-greedy program ``accept`` refuses gets one more request, for ``candidates - 1`` programs sampled
-under the same grammar (seeded by the prompt), added while the others decode; the first that
-``accept`` takes is kept.
+backend's token-level layer).
 
 ``vllm`` (and ``torch``/``transformers``) are imported only when needed: ``identity`` needs
 nothing, ``render`` needs only the model's tokenizer (chat mode), and the engine, which loads
@@ -40,7 +37,6 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from cbr2.common.records import Completion, Prompt
@@ -48,7 +44,6 @@ from cbr2.llm.base import (
     apply_chat_template,
     cut_at_stop,
     decoding_identity,
-    prompt_seed,
     request_grammar,
     stop_strings,
     token_cap,
@@ -220,11 +215,6 @@ def cpu_engine_kwargs(cfg: LLMConfig, model: str, hf_config: Any) -> dict[str, A
     }
 
 
-CANDIDATE_TEMPERATURE = 0.7
-"""Sampling temperature of execution-guided choice's alternatives when the run is greedy
-(``llm.temperature`` 0); a sampled run's alternatives keep its own temperature."""
-
-
 def sampling_kwargs(cfg: LLMConfig, grammar: Any = None, ebnf: str | None = None) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams(...)`` for the llm config section.
 
@@ -257,45 +247,6 @@ def sampling_kwargs(cfg: LLMConfig, grammar: Any = None, ebnf: str | None = None
     return kwargs
 
 
-def candidate_kwargs(cfg: LLMConfig, grammar: Any, ebnf: str | None, n: int, text: str) -> dict[str, Any]:
-    """Keyword arguments of the ``SamplingParams`` of execution-guided choice's one extra request:
-    ``n`` programs sampled under the prompt's grammar, seeded by the rendered prompt ``text``
-    (``prompt_seed``), so a prompt draws the same alternatives in any batch or shard.
-
-    A greedy run samples them at ``CANDIDATE_TEMPERATURE`` with a seed of the prompt alone: its
-    output stays a function of the prompt and the settings its predictions-cache key holds, which
-    leave ``llm.seed`` out. A sampled run's alternatives keep its temperature, ``top_p`` and seed.
-    """
-    kwargs = sampling_kwargs(cfg, grammar, ebnf)
-    if float(cfg.temperature) <= 0.0:
-        kwargs.update(temperature=CANDIDATE_TEMPERATURE, top_p=1.0, seed=prompt_seed(0, text))
-    else:
-        kwargs.update(seed=prompt_seed(int(cfg.seed), text))
-    kwargs["n"] = n
-    return kwargs
-
-
-def choose(greedy: Completion, samples: Sequence[Completion], accept: Callable[[str], bool]) -> Completion:
-    """The completion execution-guided choice keeps: the first sample (in vLLM's order) that
-    ``accept`` takes, else the greedy one, which it refused.
-
-    A sample equal to the greedy text or an earlier sample is not judged again (the same text gets
-    the same verdict). ``decoding["candidates"]`` counts every program decoded (``tried``: the greedy
-    one and all samples) and which was kept (0 the greedy one, ``k`` the ``k``-th sample);
-    ``completion_tokens`` adds up all of them.
-    """
-    tokens = (greedy.completion_tokens or 0) + sum(s.completion_tokens or 0 for s in samples)
-    tried = 1 + len(samples)
-    seen = {greedy.text}
-    for k, sample in enumerate(samples, 1):
-        if sample.text in seen:
-            continue
-        seen.add(sample.text)
-        if accept(sample.text):
-            return Completion(sample.text, greedy.prompt_tokens, tokens, decoding={"candidates": {"tried": tried, "kept": k}})
-    return Completion(greedy.text, greedy.prompt_tokens, tokens, decoding={"candidates": {"tried": tried, "kept": 0}})
-
-
 def parse_outputs(outputs: Sequence[Any], stop: Iterable[str] = ()) -> list[Completion]:
     """``Completion``s from vLLM ``RequestOutput``s, in the same order.
 
@@ -308,20 +259,14 @@ def parse_outputs(outputs: Sequence[Any], stop: Iterable[str] = ()) -> list[Comp
     Returns:
         One ``Completion`` per output.
     """
-    return [parse_samples(out, stop)[0] for out in outputs]
-
-
-def parse_samples(output: Any, stop: Iterable[str] = ()) -> list[Completion]:
-    """One ``Completion`` per sequence of a vLLM ``RequestOutput`` (``SamplingParams.n`` of them),
-    in the order of their ``index``."""
     stop = list(stop)
-    prompt_ids = getattr(output, "prompt_token_ids", None)
-    sequences = sorted(enumerate(output.outputs), key=lambda pair: getattr(pair[1], "index", pair[0]))
     completions = []
-    for _, seq in sequences:
-        token_ids = getattr(seq, "token_ids", None)
+    for out in outputs:
+        first = out.outputs[0]
+        prompt_ids = getattr(out, "prompt_token_ids", None)
+        token_ids = getattr(first, "token_ids", None)
         completions.append(Completion(
-            text=cut_at_stop(seq.text, stop),
+            text=cut_at_stop(first.text, stop),
             prompt_tokens=len(prompt_ids) if prompt_ids is not None else None,
             completion_tokens=len(token_ids) if token_ids is not None else None,
         ))
@@ -354,17 +299,14 @@ TOO_LONG = "longer than the maximum model length"
 
 
 def run_requests(llm: Any, requests: Sequence[tuple[str, Any]],
-                 on_done: Callable[[int, Any], tuple[str, Any] | None],
-                 on_refused: Callable[[int, str], None]) -> None:
+                 on_done: Callable[[int, Any], None], on_refused: Callable[[int, str], None]) -> None:
     """Generates every request on ``llm``'s engine, calling ``on_done(index, RequestOutput)`` as
     each one finishes (``LLM.generate`` returns only when all have).
 
     Args:
         llm: A ``vllm.LLM``.
         requests: ``(rendered prompt, SamplingParams)`` each (requests may share one params object).
-        on_done: Called once per accepted request, in finishing order. It may return one more
-            ``(text, params)`` for the same index (execution-guided choice's alternatives), added
-            at once while the others decode; its output comes to ``on_done`` too.
+        on_done: Called once per accepted request, in finishing order.
         on_refused: Called as ``on_refused(index, reason)`` for a text whose prompt does not fit
             the engine's context: vLLM refuses it when it is added, and the other prompts of the
             run go on (the runner records it as ``PROMPT_TOO_LONG``). Any other refusal is raised.
@@ -373,29 +315,22 @@ def run_requests(llm: Any, requests: Sequence[tuple[str, Any]],
 
     engine = llm.llm_engine
     batch = next(_REQUESTS)
-    ids = itertools.count()
     index = {}
-
-    def add(i: int, text: str, params: Any) -> None:
-        params.output_kind = RequestOutputKind.FINAL_ONLY  # no partial outputs to detokenize each step
-        rid = f"cbr2-{batch}-{next(ids)}"
-        engine.add_request(rid, text, params)
-        index[rid] = i
-
     for i, (text, params) in enumerate(requests):
+        params.output_kind = RequestOutputKind.FINAL_ONLY  # no partial outputs to detokenize each step
+        rid = f"cbr2-{batch}-{i}"
         try:
-            add(i, text, params)
+            engine.add_request(rid, text, params)
         except Exception as e:  # vLLM's VLLMValidationError (not a ValueError in 0.32), refused at once
             if TOO_LONG not in str(e):
                 raise
             on_refused(i, f"vLLM: {e}")
+            continue
+        index[rid] = i
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
-                i = index.pop(out.request_id)
-                more = on_done(i, out)
-                if more is not None:
-                    add(i, *more)
+                on_done(index.pop(out.request_id), out)
 
 
 _ENGINES: dict[str, Any] = {}
@@ -416,9 +351,8 @@ class VLLMBackend:
     """
 
     name = "vllm"
-    capabilities = frozenset({"constrained", "grounded", "candidates"})
-    """A grammar per request through structured outputs (a grounded prompt's own), and
-    execution-guided choice from one more request of ``n`` samples (module docstring)."""
+    capabilities = frozenset({"constrained", "grounded"})
+    """A grammar per request through structured outputs (a grounded prompt's own)."""
     shares_gpu = True
     """It takes a share of the GPU's memory at start: ``make_backend`` hands it ``reserve_bytes``."""
 
@@ -516,18 +450,14 @@ class VLLMBackend:
 
         gc.collect()
 
-    def generate(self, prompts: Sequence[Prompt], on_result: Callable[[int, Completion], None] | None = None,
-                 accept: Callable[[int, str], bool] | None = None, candidates: int = 1) -> list[Completion]:
+    def generate(self, prompts: Sequence[Prompt],
+                 on_result: Callable[[int, Completion], None] | None = None) -> list[Completion]:
         """One completion per prompt, in input order; all prompts are scheduled together.
 
         Args:
             prompts: The prompts of the run.
             on_result: Called as ``on_result(index, completion)`` as each prompt's request
                 finishes (in finishing order).
-            accept: ``accept(index, text)``: whether a program text is good enough to keep
-                (execution-guided choice, ``generation.candidates``; it must not read the gold side).
-            candidates: Programs decoded at most per prompt when ``accept`` refuses the first:
-                one more request samples ``candidates - 1`` under the prompt's grammar (``choose``).
 
         Returns:
             The completions, each cut at the first stop string.
@@ -543,42 +473,25 @@ class VLLMBackend:
         grammars = [request_grammar(self.grammar, p) if self.grammar is not None else None for p in prompts]
         shared: dict[str | None, Any] = {}  # one SamplingParams per grammar text: ungrounded prompts share one
 
-        def params(kwargs: dict[str, Any]) -> Any:
-            if "structured_outputs" in kwargs:
-                from vllm.sampling_params import StructuredOutputsParams
-
-                kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
-            return vllm.SamplingParams(**kwargs)
-
-        def first(ebnf: str | None) -> Any:
+        def params(ebnf: str | None) -> Any:
             if ebnf not in shared:
-                shared[ebnf] = params(sampling_kwargs(self.cfg, self.grammar, ebnf))
+                kwargs = sampling_kwargs(self.cfg, self.grammar, ebnf)
+                if "structured_outputs" in kwargs:
+                    from vllm.sampling_params import StructuredOutputsParams
+
+                    kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+                shared[ebnf] = vllm.SamplingParams(**kwargs)
             return shared[ebnf]
 
         completions: list[Completion | None] = [None] * len(texts)
-        greedy: dict[int, Completion] = {}
-        choosing = accept is not None and candidates > 1
 
         def deliver(i: int, completion: Completion) -> None:
             completions[i] = completion
             if on_result is not None:
                 on_result(i, completion)
 
-        def done(i: int, out: Any) -> tuple[str, Any] | None:
-            if i in greedy:  # the alternatives of a refused program
-                deliver(i, choose(greedy.pop(i), parse_samples(out, self.stop), lambda text: accept(i, text)))
-                return None
-            completion = parse_outputs([out], self.stop)[0]
-            if not choosing:
-                deliver(i, completion)
-            elif accept(i, completion.text):
-                deliver(i, replace(completion, decoding={"candidates": {"tried": 1, "kept": 0}}))
-            else:
-                greedy[i] = completion
-                return texts[i], params(candidate_kwargs(self.cfg, self.grammar, grammars[i], candidates - 1, texts[i]))
-            return None
-
-        run_requests(llm, [(text, first(ebnf)) for text, ebnf in zip(texts, grammars, strict=True)], on_done=done,
+        run_requests(llm, [(text, params(ebnf)) for text, ebnf in zip(texts, grammars, strict=True)],
+                     on_done=lambda i, out: deliver(i, parse_outputs([out], self.stop)[0]),
                      on_refused=lambda i, reason: deliver(i, Completion("", overflow=reason)))
         missing = [i for i, c in enumerate(completions) if c is None]
         if missing:

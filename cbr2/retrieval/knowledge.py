@@ -9,101 +9,23 @@ the nearest facts of the whole KB fill the rest of the K_f. A fact about the que
 shows the relation and which side of it that entity is on (``Australia | capital | Canberra``
 for "the country whose capital is Canberra"); a fact of an unrelated entity mostly invites the
 model to copy that entity.
-
-With ``retrieval.knowledge_match=words`` a triple is shown only when a word of its relation,
-attribute key or qualifier key (of its concept, for ``instance of`` and ``subclass of``) shares a
-stem with a word the question uses outside its linked entity names (``asked_stems``,
-``mentions``): the nearest ``CANDIDATES`` of each kind are searched, and the first K that match
-are kept, so a question whose words name no schema item gets none; facts come from the linked
-entities alone when they have any. Similarity alone fills the K with whatever is nearest, and a
-small model copies those relations ("How many Tom Hanks movies came out before 2000?" →
-``Relate[award received]``).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from itertools import islice
 
 import numpy as np
-import snowballstemmer
 
 from cbr2.kb.model import KB
 from cbr2.kb.triples import Triple, fact_triples, ontology_triples
 from cbr2.retrieval.cache import EmbeddingStore
 from cbr2.retrieval.encoders import encode, weights_fingerprint
 from cbr2.retrieval.index import search, to_device
-from cbr2.retrieval.linking import STOP_WORDS
-
-KNOWLEDGE_MATCHES = ("similarity", "words")
-"""How the K_o + K_f triples are chosen (``retrieval.knowledge_match``): the nearest (the paper's),
-or the nearest whose schema words the question uses (``mentions``)."""
-
-CANDIDATES = 100
-"""Triples of each kind searched before the word match keeps the first K: deep enough that a
-question's matching triples are among them (a linked entity's own facts are all considered)."""
-
-MIN_PREFIX = 5
-"""Shortest stem that matches a longer one it begins (``direct`` / ``director``); shorter stems
-match only themselves, so ``act`` does not reach ``actor``."""
 
 Scored = tuple[Triple, float]
 """A retrieved triple with its similarity to the question."""
-
-_WORD = re.compile(r"[^\W_]+")
-_SCHEMA_KINDS = ("relation", "key", "qkey")
-
-
-@lru_cache(maxsize=1)
-def _stemmer():
-    return snowballstemmer.stemmer("english")
-
-
-def _stems(text: str) -> set[str]:
-    """Stems of the words of ``text`` that are not stop words (``_`` splits words: ``has_genre``)."""
-    words = [w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS]
-    return set(_stemmer().stemWords(words))
-
-
-def asked_stems(question: str, entities: Iterable[str] = ()) -> frozenset[str]:
-    """The stems of what a question asks: its words outside the names of its linked entities.
-
-    An entity's own name says nothing of the relation asked ("Star Wars" is no ``starred_actors``).
-
-    Args:
-        question: The question as written.
-        entities: The KB entity names linking found in it (``Links.entities``).
-    """
-    text = question
-    for name in sorted(entities, key=len, reverse=True):
-        text = re.sub(re.escape(name), " ", text, flags=re.IGNORECASE)
-    return frozenset(_stems(text))
-
-
-@lru_cache(maxsize=1 << 16)
-def _schema_stems(name: str) -> frozenset[str]:
-    """``_stems`` of a schema item's name (memoised: a KB has a few thousand names, reread often)."""
-    return frozenset(_stems(name))
-
-
-def _match(a: str, b: str) -> bool:
-    short, long = sorted((a, b), key=len)
-    return short == long or (len(short) >= MIN_PREFIX and long.startswith(short))
-
-
-def mentions(triple: Triple, stems: frozenset[str]) -> bool:
-    """Whether a stem of the triple's schema words is among (or begins, or extends) ``stems``.
-
-    The schema words are those of its relations, attribute keys and qualifier keys; a triple with
-    none of those (``instance of``, ``subclass of``) is matched by its concepts.
-    """
-    names = [name for kind, name in triple.terms if kind in _SCHEMA_KINDS]
-    if not names:
-        names = [name for kind, name in triple.terms if kind == "concept"]
-    return any(_match(a, b) for name in names for a in _schema_stems(name) for b in stems)
 
 
 @dataclass(frozen=True)
@@ -141,18 +63,11 @@ class KnowledgeRetriever:
         index_kind: ``flat``, ``hnsw`` or ``ivf``.
         device: Where searches run (``cpu`` or a GPU when faiss-gpu can).
         batch_size: Encoder batch size for the triples.
-        match: ``similarity`` or ``words`` (``KNOWLEDGE_MATCHES``).
-
-    Raises:
-        ValueError: If ``match`` is not one of ``KNOWLEDGE_MATCHES``.
     """
 
     def __init__(self, kb: KB, model, encoder: str, store: EmbeddingStore, k_ontology: int = 10,
-                 k_facts: int = 10, index_kind: str = "flat", device: str = "cpu", batch_size: int = 64,
-                 match: str = "similarity"):
-        if match not in KNOWLEDGE_MATCHES:
-            raise ValueError(f"unknown retrieval.knowledge_match {match!r}; expected one of {', '.join(KNOWLEDGE_MATCHES)}")
-        self.k_ontology, self.k_facts, self.match = k_ontology, k_facts, match
+                 k_facts: int = 10, index_kind: str = "flat", device: str = "cpu", batch_size: int = 64):
+        self.k_ontology, self.k_facts = k_ontology, k_facts
         fingerprint = weights_fingerprint(model)
 
         def embedder(total: int):
@@ -185,53 +100,34 @@ class KnowledgeRetriever:
             self._facts_of = by_name
         return self._facts_of.get(name, [])
 
-    def retrieve(self, query_embeddings: np.ndarray, linked: Sequence[tuple[str, ...]] | None = None,
-                 questions: Sequence[str] | None = None) -> list[Knowledge]:
+    def retrieve(self, query_embeddings: np.ndarray,
+                 linked: Sequence[tuple[str, ...]] | None = None) -> list[Knowledge]:
         """Knowledge for each question embedding (rows of ``query_embeddings``).
 
         Args:
             query_embeddings: One row per question.
             linked: The entities each question names (``Links.entities``); their facts come first.
-            questions: The questions' texts, aligned with the rows; the word match reads them.
-
-        Raises:
-            ValueError: If the word match is on and ``questions`` is not given.
         """
-        words = self.match == "words"
-        if words and questions is None:
-            raise ValueError("retrieval.knowledge_match=words needs the questions' texts")
         # Each kind as (triple, score) pairs per question: the scores go into the records with the triples.
         found: dict[str, list[tuple[Scored, ...]]] = {}
         for label, triples, k in (("ontology", self.ontology, self.k_ontology), ("facts", self.facts, self.k_facts)):
             if label in self._indexes:
-                scores, ids = search(self._indexes[label], query_embeddings, max(k, CANDIDATES) if words else k)
+                scores, ids = search(self._indexes[label], query_embeddings, k)
                 found[label] = [tuple((triples[i], float(s)) for s, i in zip(srow, row) if i >= 0)
                                 for srow, row in zip(scores, ids, strict=True)]
             else:
                 found[label] = [()] * len(query_embeddings)
         if linked is not None and self._fact_embeddings is not None:
-            found["facts"] = [self._linked_first(q, names, nearest, None if words else self.k_facts)
+            found["facts"] = [self._linked_first(q, names, nearest, self.k_facts)
                               for q, names, nearest in zip(query_embeddings, linked, found["facts"], strict=True)]
-        if words:
-            for i, question in enumerate(questions):
-                names = frozenset(linked[i]) if linked is not None else frozenset()
-                stems = asked_stems(question, names)
-                found["ontology"][i] = tuple(islice((t for t in found["ontology"][i] if mentions(t[0], stems)),
-                                                    self.k_ontology))
-                # Facts of the question's own entities only, when it has any: another entity's fact
-                # shows a matching key with a name the question never gives, which a small model copies.
-                own = any(self.facts_of(name) for name in names)
-                found["facts"][i] = tuple(islice((t for t in found["facts"][i] if mentions(t[0], stems) and (
-                    not own or t[0].subject in names or t[0].object in names)), self.k_facts))
         return [Knowledge(tuple(t for t, _ in ont), tuple(t for t, _ in facts),
                           tuple(s for _, s in ont), tuple(s for _, s in facts))
                 for ont, facts in zip(found["ontology"], found["facts"], strict=True)]
 
     def _linked_first(self, query: np.ndarray, names: tuple[str, ...], nearest: tuple[Scored, ...],
-                      limit: int | None) -> tuple[Scored, ...]:
-        """The linked entities' facts nearest the question, then ``nearest``; the first ``limit``
-        (None: all of them, for the word match to choose from). Each with its similarity: the
-        inner product the index ranks ``nearest`` by."""
+                      limit: int) -> tuple[Scored, ...]:
+        """The linked entities' facts nearest the question, then ``nearest``; the first ``limit``.
+        Each with its similarity: the inner product the index ranks ``nearest`` by."""
         ids = sorted({i for name in names for i in self.facts_of(name)})
         if not ids:
             return nearest[:limit]

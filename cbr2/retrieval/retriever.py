@@ -132,7 +132,7 @@ class Retriever:
         if cfg.k_ontology > 0 or cfg.k_facts > 0:
             name, model = self.encoders["semantic"]
             self.knowledge = KnowledgeRetriever(bench.kb, model, name, store, cfg.k_ontology, cfg.k_facts,
-                                                cfg.index, device, cfg.batch_size, cfg.knowledge_match)
+                                                cfg.index, device, cfg.batch_size)
         case_encoders = {v: self.encoders[v] for v in ("semantic", "structural") if v in self.views}
         self.linker = Linker(bench.kb) if cfg.link or cfg.mask_mentions else None
         self.masked = cfg.mask_mentions
@@ -198,8 +198,7 @@ class Retriever:
         if embeddings is None:
             embeddings = self.encode(queries)
         links = [self.linker.link(q.text) for q in queries] if self.cfg.link else None
-        knowledge = (self.knowledge.retrieve(embeddings["written/semantic"], [l.entities for l in links] if links else None,
-                                             [q.text for q in queries])
+        knowledge = (self.knowledge.retrieve(embeddings["written/semantic"], [l.entities for l in links] if links else None)
                      if self.knowledge else [Knowledge()] * len(queries))
         form = "masked" if self.masked else "written"
         rankings = {view: self.cases.rank(view, queries, self._depth(view), embeddings.get(f"{form}/{view}"))
@@ -246,8 +245,7 @@ class Retriever:
         missing = sorted({position[c.question.qid] for item in items for c in item.cases} - self._case_knowledge.keys())
         if missing:
             linked = [self._link_case(self.pool[i]).entities for i in missing] if self.cfg.link else None
-            found = self.knowledge.retrieve(np.ascontiguousarray(self._pool_semantic()[missing]), linked,
-                                            [self.pool[i].question for i in missing])
+            found = self.knowledge.retrieve(np.ascontiguousarray(self._pool_semantic()[missing]), linked)
             self._case_knowledge.update(zip(missing, found, strict=True))
         for item in items:
             item.case_knowledge = [self._case_knowledge[position[c.question.qid]] for c in item.cases]
