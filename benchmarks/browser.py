@@ -150,19 +150,19 @@ def build_run(out: Path, n: int, seed: int) -> dict[str, Any]:
     """
     from cbr2.config import load_config
     from cbr2.data.benchmarks import Benchmark
-    from cbr2.evaluation.browser import write_browser
     from cbr2.evaluation.metrics import finish_metrics
     from cbr2.evaluation.records import append_record
-    from cbr2.evaluation.run_folder import provenance, write_config
     from cbr2.evaluation.scoring import score_completion
     from cbr2.evaluation.selection import categories_of
     from cbr2.generation.grounded import grounded_arguments
     from cbr2.kb.triples import Triple, fact_triples, ontology_triples
     from cbr2.kopl.executor import Executor
     from cbr2.kopl.text import parse_text, to_text
+    from cbr2.report.browser import write_browser
     from cbr2.retrieval.cases import Case, Query
     from cbr2.retrieval.knowledge import Knowledge
     from cbr2.retrieval.retriever import Retrieved
+    from cbr2.run.run_folder import provenance, write_config
 
     start = time.perf_counter()
     shutil.rmtree(out, ignore_errors=True)

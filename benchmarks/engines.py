@@ -54,14 +54,14 @@ def build_prompts(n: int, overrides: list[str]) -> list[dict[str, str]]:
     """The first ``n`` prompts of the default evaluation, with the project's retrieval and prompt."""
     from cbr2.config import CONFIG_DIR, load_config
     from cbr2.data.benchmarks import Benchmark
-    from cbr2.evaluation.runner import _prepare, build_prompts, select_questions
     from cbr2.retrieval.cases import Query
     from cbr2.retrieval.retriever import Retriever
+    from cbr2.run.runner import build_prompts, prepare, select_questions
 
     cfg = load_config(["wandb.mode=disabled", *overrides], files=[CONFIG_DIR / "evaluate.yaml"])
     bench = Benchmark.from_config(cfg.data)
     questions = select_questions(bench, cfg)[:n]
-    cfg = _prepare(cfg, bench, retrieval_only=False)  # with the structural retriever resolved
+    cfg = prepare(cfg, bench, retrieval_only=False)  # with the structural retriever resolved
     retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
     retrieved = {r.query.qid: r for r in retriever.retrieve([Query(q.qid, q.question) for q in questions])}
     return [{"qid": p.qid, "system": p.system, "user": p.user} for p in build_prompts(cfg.prompt, cfg.generation, questions, retrieved)]

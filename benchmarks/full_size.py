@@ -201,10 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     if not bench.finished("evaluate warm"):
         shutil.rmtree(warm, ignore_errors=True)  # its predictions would make a rerun a cache read
     bench.run("evaluate warm", [*evaluate, f"output_dir={warm}"], questions=stats["val"])
-    report = ("import json, sys; from pathlib import Path; from cbr2.evaluation.run_report import write_report; "
+    report = ("import json, sys; from pathlib import Path; from cbr2.report.run_report import write_report; "
               "run = Path(sys.argv[1]); write_report(run / 'report.md', json.loads((run / 'metrics.json').read_text()))")
     bench.run("report", _python(report, str(warm)))
-    row = bench.run("browser", [sys.executable, "-m", "cbr2.evaluation.browser", str(warm)])
+    row = bench.run("browser", [sys.executable, "-m", "cbr2.report.browser", str(warm)])
     page = warm / "browser.html"
     row["browser_mb"] = page.stat().st_size / 1e6
     timing = first_page_s(page, out / "chromium-profile")

@@ -19,9 +19,9 @@ import time
 
 from cbr2.config import CONFIG_DIR, Config, compose
 from cbr2.data.benchmarks import Benchmark
-from cbr2.evaluation.runner import _prepare, build_prompts, select_questions
 from cbr2.llm import make_backend
 from cbr2.retrieval.retriever import Query, Retriever
+from cbr2.run.runner import build_prompts, prepare, select_questions
 
 TOKENIZER = ["llm.backend=llamacpp", "llm.model=qwen2.5-coder-0.5b", "llm.chat=true"]
 """Renders and counts as Qwen's chat template and tokenizer do, without loading weights."""
@@ -32,7 +32,7 @@ def main(overrides: list[str]) -> dict:
     cfg = compose(Config, files=[CONFIG_DIR / "paper.yaml"], overrides=[ENCODER, *TOKENIZER, *overrides])
     bench = Benchmark.from_config(cfg.data)
     questions = select_questions(bench, cfg)
-    cfg = _prepare(cfg, bench, retrieval_only=False)
+    cfg = prepare(cfg, bench, retrieval_only=False)
     start = time.time()
     retrieved = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint).retrieve(
         [Query(q.qid, q.question) for q in questions])

@@ -6,11 +6,11 @@
     python benchmarks/results_tables.py runs RUN_DIR... --label TEXT...        # Hits@1, SER, s / question, n
     ... --check docs/results/cpu-default.md [--section HEADING]
 
-Every figure comes from the project's own code: runs are read by ``cbr2.evaluation.compare.load_run``,
+Every figure comes from the project's own code: runs are read by ``cbr2.report.compare.load_run``,
 Table 5's rows (Δ against the full run of the same LLM and seed, its 95% paired bootstrap interval
 and the flips) by ``compare.table_data``, a pair's Δ by ``cbr2.evaluation.metrics.paired_difference``
 over the questions both runs answered, each answer judged by the current comparison
-(``run_folder.load_predictions``). So a user who reruns a page's commands gets its rows back, and
+(``records.load_predictions``). So a user who reruns a page's commands gets its rows back, and
 ``--check`` says which cells of the page's table agree with them.
 
 ``--check PAGE`` finds the page's table with the printed table's columns (under ``--section`` when
@@ -97,7 +97,7 @@ def _labels(labels: Sequence[str], run_dirs: Sequence[str]) -> list[str]:
 
 
 def _load(run_dirs: Sequence[str]) -> list[dict[str, Any]]:
-    from cbr2.evaluation.compare import load_run
+    from cbr2.report.compare import load_run
 
     return [load_run(d) for d in run_dirs]
 
@@ -114,8 +114,8 @@ def ladder(run_dirs: Sequence[str]) -> Table:
         ReportError: As ``compare.table_data`` (runs of different benchmarks or splits), or two runs
             of one setting and model (give the runs of one commit and host at a time).
     """
-    from cbr2.evaluation.compare import ReportError, table_data
     from cbr2.llm.packaged import parameters_b
+    from cbr2.report.compare import ReportError, table_data
 
     runs = _load(run_dirs)
     data = table_data(runs)
@@ -158,7 +158,7 @@ def _ladder_cell(row: dict[str, Any] | None) -> str:
 def categories(run_dirs: Sequence[str]) -> Table:
     """Table 5 in the paper's layout: a row per run, Hits@1 (%) per category and overall, Δ against the
     full run of the same LLM and seed with its 95% paired interval and flips, seconds per question."""
-    from cbr2.evaluation.compare import table_data
+    from cbr2.report.compare import table_data
 
     runs = _load(run_dirs)
     data = table_data(runs)
@@ -181,7 +181,7 @@ def versus(base_dir: str, run_dirs: Sequence[str], labels: Sequence[str]) -> Tab
     bootstrap interval and the flips over the questions both answered, the programs that differ, and
     both runs' seconds per question and prompt tokens."""
     from cbr2.evaluation.metrics import paired_difference
-    from cbr2.evaluation.run_folder import load_predictions
+    from cbr2.evaluation.records import load_predictions
 
     base, *others = _load([base_dir, *run_dirs])
     labels = _labels(labels, run_dirs)

@@ -143,7 +143,7 @@ def test_a_sweep_whose_runs_compose_alike_is_refused(tmp_path, capsys):
 
 
 def test_the_run_folder_records_the_base_files_and_the_ablation(tmp_path, bases):
-    from cbr2.evaluation.runner import run_evaluation
+    from cbr2.run.runner import run_evaluation
 
     user = bases["user"]
     cfg = compose(ablation="w/o_act", files=user, overrides=["llm.backend=gold", "wandb.mode=disabled", "eval.limit=2",
@@ -169,9 +169,9 @@ def test_the_prompts_of_each_setting_hold_what_table5_defines(bases, base):
     """Real retrieval (the packaged MiniLM for both views, in place of bge-m3 and a trained
     retriever) for one mini-kqapro question per setting."""
     from cbr2.data.benchmarks import Benchmark
-    from cbr2.evaluation.runner import build_prompts, prepare, select_questions
     from cbr2.retrieval.cases import Query
     from cbr2.retrieval.retriever import Retriever
+    from cbr2.run.runner import build_prompts, prepare, select_questions
 
     minilm = "sentence-transformers/all-MiniLM-L6-v2"
     files = bases[base]

@@ -1,26 +1,26 @@
 """The program's answer type from the structural view's cases (``generation.answer_type``): what
-the cases end with, the functions that stay open, and the same language on both engines (the
-token-level layer of ``llamacpp`` and the per-request grammar of ``vllm``/``openai``)."""
+the cases end with, and the question's grammar that ends every program with one of them, on every
+engine (its text, as ``vllm``/``openai`` get it, and the ``llamacpp`` backend's compiled form)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 from omegaconf import OmegaConf
-from test_grounded_grammar import mask_accepts, xgrammar_accepts
+from test_grounded_grammar import xgrammar_accepts
+from test_llm_llamacpp import llamacpp_accepts
 
 from cbr2.config import Config
 from cbr2.data.benchmarks import Benchmark
-from cbr2.evaluation.runner import build_prompts
-from cbr2.generation.grammar import ProgramGrammar
-from cbr2.generation.grounded import ANSWER, GroundedMask, TokenTable, case_answer_types, live_functions
+from cbr2.generation.grammar import Bounds, ProgramGrammar
+from cbr2.generation.grounded import ANSWER, case_answer_types
 from cbr2.kopl.text import parse_text
 from cbr2.retrieval.cases import Case, Query
 from cbr2.retrieval.knowledge import Knowledge
 from cbr2.retrieval.linking import Links
 from cbr2.retrieval.retriever import Retrieved
+from cbr2.run.runner import build_prompts
 
 
 @pytest.fixture(scope="module")
@@ -43,17 +43,6 @@ def test_the_answer_types_are_those_the_structural_cases_end_with(kqapro):
     # The semantic case's Count is not among them; What and QueryName are one type.
     assert case_answer_types(cases) == ("bool", "names")
     assert case_answer_types(cases[:1]) == ()
-
-
-def test_only_functions_that_can_still_end_as_asked_stay_open():
-    count = live_functions(["count"])
-    assert {"Count", "Find", "FindAll", "Relate", "FilterStr", "And", "QFilterStr"} <= count
-    assert not {"QueryName", "What", "QueryAttr", "VerifyNum", "SelectBetween", "QueryRelation"} & count
-    # An attribute's values can still become a yes or no; a yes or no cannot become values.
-    assert {"QueryAttr", "VerifyNum", "VerifyStr"} <= live_functions(["bool"])
-    assert "QueryAttr" in live_functions(["values"]) and "VerifyNum" not in live_functions(["values"])
-    # A closed function (no entity linked: no Find) is never live, whatever the answer.
-    assert "Find" not in live_functions(["count"], frozenset({"Find"})) and "FindAll" in live_functions(["count"])
 
 
 @pytest.mark.parametrize("fmt", ["dag", "chain"])
@@ -86,44 +75,50 @@ def test_both_engines_end_the_program_as_the_cases_do(kqapro, fmt, answers, expe
                else f"Find[{entity}]\nFindAll[]\nSelectBetween[{quantity} | greater]")
     texts["between"] = between
     xgr = xgrammar_accepts(grammar.grounded_ebnf(cands))
-    mask = mask_accepts(cands, fmt, ends=True)
+    llama = llamacpp_accepts(grammar, cands)
     for key, text in texts.items():
         assert grammar.accepts(text), text
-        assert xgr(text) == mask(text) == (key in expected), (key, text)
+        assert xgr(text) == llama(text) == (key in expected), (key, text)
 
 
-def test_a_step_with_nothing_allowed_left_keeps_the_grammar_choice():
-    chars = ["r1: ", "FindAll[]", " → ", "What[]", "Count[]", None]
-    table = TokenTable(chars)
-    mask = GroundedMask(table, {ANSWER: ("count",)}, lambda got: "".join(chars[i] for i in got))
-    scores = np.full(len(chars), -np.inf)
-    scores[3] = 0.0  # the grammar allows What alone: the layer leaves it
-    assert np.isfinite(mask([0, 1, 2], scores.copy())[3])
-    scores[4] = 0.0  # with Count allowed too, What goes
-    out = mask([0, 1, 2], scores.copy())
-    assert not np.isfinite(out[3]) and np.isfinite(out[4])
-    # After What[], the end is all the grammar allows: it stays.
-    ended = np.full(len(chars), -np.inf)
-    ended[5] = 0.0
-    assert np.isfinite(mask([0, 1, 2, 3], ended.copy())[5])
+def _both(grammar: ProgramGrammar, cands, ends: bool = True):
+    """Whether both forms of the question's grammar accept a text (or with ``ends=False`` a start of
+    one), asserting that they agree."""
+    xgr, llama = xgrammar_accepts(grammar.grounded_ebnf(cands), ends), llamacpp_accepts(grammar, cands, ends)
+
+    def accepts(text: str) -> bool:
+        assert xgr(text) == llama(text), text
+        return xgr(text)
+
+    return accepts
 
 
-def test_the_token_layer_never_forbids_every_token_the_grammar_allows():
-    # A question with no linked entity (Find closed) whose cases end with an attribute's values.
-    chars = [chr(c) for c in range(32, 127)] + ["\n", "→", None]
-    table = TokenTable(chars)
-    mask = GroundedMask(table, {"entity": (), ANSWER: ("values",)}, lambda got: "".join(chars[i] for i in got))
+def test_the_question_grammar_counts_the_bounds(kqapro):
+    """A step after which no allowed ending fits in the lines and calls left is refused when it is
+    written, not after it."""
+    vocab = kqapro.kb.vocabulary
+    concept = min(vocab.concepts)
+    attribute = min(k for k, kind in vocab.keys.items() if kind == "string")
+    grammar = ProgramGrammar(vocab, "dag", Bounds(max_lines=1, max_calls_per_line=2))
+    late = f"r1: FindAll[] → FilterConcept[{concept}] → QueryAttr["
+    assert grammar.accepts(f"r1: FindAll[] → FilterConcept[{concept}] → QueryAttr[{attribute}]")
+    assert not grammar.accepts(f"r1: FindAll[] → FilterConcept[{concept}] → QueryAttr[{attribute}] → VerifyStr[x]")
+    # A yes or no asked: the QueryAttr that leaves no room for its Verify* cannot be opened.
+    asked = _both(grammar, {ANSWER: ("bool",)}, ends=False)
+    assert not asked(late) and asked("r1: FindAll[] → QueryAttr[")
+    assert _both(grammar, {ANSWER: ("values",)}, ends=False)(late)
 
-    def allowed(text, grammar):
-        scores = np.full(table.size, -np.inf)
-        scores[[chars.index(c) for c in grammar]] = 0.0
-        return {chars[i] for i in np.flatnonzero(np.isfinite(mask([chars.index(c) for c in text], scores)))}
 
-    # Every Verify* ends with a yes or no, not the values asked; where the grammar allows only those, they stay.
-    assert allowed("r1: FindAll[] → QueryAttr[box office] → Verify", "SNYD") == set("SNYD")
-    # Find's bracket opens the closed kind: forbidden while FindAll is possible, the grammar's choice when it is all.
-    assert allowed("r1: Find", "[A") == {"A"}
-    assert allowed("r1: Find", "[") == {"["}
+def test_an_answer_no_program_can_give_narrows_nothing(kqapro):
+    metaqa = ProgramGrammar(Benchmark("mini-metaqa").kb.vocabulary, "dag")
+    assert metaqa.grounded_ebnf({ANSWER: ("values",)}) is metaqa.ebnf  # no attribute to query
+    # With Find closed and an attribute's values asked, FindAll's branches still give them.
+    grammar = ProgramGrammar(kqapro.kb.vocabulary, "dag")
+    attribute = min(k for k, kind in kqapro.kb.vocabulary.keys.items() if kind == "string")
+    accepts = _both(grammar, {"entity": (), ANSWER: ("values",)})
+    assert accepts(f"r1: FindAll[] → QueryAttr[{attribute}]")
+    assert not accepts(f"r1: FindAll[] → QueryAttr[{attribute}] → VerifyStr[x]")
+    assert not accepts(f"r1: Find[Oceania] → QueryAttr[{attribute}]")
 
 
 def test_prompts_carry_the_answer_types_only_when_asked_and_never_from_the_gold_program(kqapro):
@@ -152,36 +147,31 @@ def test_prompts_carry_the_answer_types_only_when_asked_and_never_from_the_gold_
 
 @pytest.mark.parametrize(("fmt", "before", "answers", "kept"), [
     # After a join head only a two-input call may come: "Select" can only become SelectBetween.
-    ("dag", "r1: FindAll[]\nr2: FindAll[]\nr3: (r1, r2) → ", ("names",), False),
-    ("dag", "r1: FindAll[]\nr2: FindAll[]\nr3: (r1, r2) → ", ("name",), True),
+    ("dag", "r1: FindAll[]\nr2: FindAll[]\nr3: (r1, r2) → Select", ("names",), False),
+    ("dag", "r1: FindAll[]\nr2: FindAll[]\nr3: (r1, r2) → Select", ("name",), True),
     # After a call only a one-input call: SelectAmong.
-    ("dag", "r1: FindAll[] → ", ("names",), True),
-    ("dag", "r1: FindAll[] → ", ("name",), False),
-    # The chain form counts the open branches: with two, both may come.
-    ("chain", "FindAll[]\n", ("name",), False),
-    ("chain", "FindAll[]\nFindAll[]\n", ("name",), True),
-    ("chain", "FindAll[]\nFindAll[]\n", ("names",), True),
+    ("dag", "r1: FindAll[] → Select", ("names",), True),
+    ("dag", "r1: FindAll[] → Select", ("name",), False),
+    # The chain form counts the open branches: with two, SelectBetween may come. SelectAmong may not
+    # where names are asked: its names would leave two branches that no join takes.
+    ("chain", "FindAll[]\nSelect", ("name",), False),
+    ("chain", "FindAll[]\nFindAll[]\nSelect", ("name",), True),
+    ("chain", "FindAll[]\nFindAll[]\nSelect", ("names",), False),
+    ("chain", "FindAll[]\nSelect", ("names",), True),
 ])
-def test_a_name_is_judged_by_the_calls_its_place_takes(fmt, before, answers, kept):
-    chars = [before, "Select", "(", None]  # "(": no name, so the layer has a token left either way
-    table = TokenTable(chars)
-    mask = GroundedMask(table, {ANSWER: answers}, lambda got: "".join(chars[i] for i in got), fmt)
-    out = mask([0], np.zeros(len(chars)))
-    assert np.isfinite(out[1]) == kept
-    assert np.isfinite(out[2])
+def test_a_name_is_judged_by_the_calls_its_place_takes(kqapro, fmt, before, answers, kept):
+    grammar = ProgramGrammar(kqapro.kb.vocabulary, fmt)
+    assert _both(grammar, {ANSWER: answers}, ends=False)(before) == kept
 
 
-@pytest.mark.parametrize(("fmt", "chars", "going_on"), [
-    ("dag", ["r1: Find[Oceania] → QueryAttr[population]", " → ", " →", "\n", None], {1, 2}),
-    ("chain", ["Find[Oceania]\nQueryAttr[population]", "\n", "\nVerifyNum", "\n\n", None], {1, 2}),
+@pytest.mark.parametrize(("fmt", "before", "going_on"), [
+    ("dag", "r1: Find[Oceania] → QueryAttr[population]", " → V"),
+    ("chain", "Find[Oceania]\nQueryAttr[population]", "\nV"),
 ])
 @pytest.mark.parametrize(("answers", "ends"), [(("values",), True), (("values", "bool"), False)])
-def test_an_allowed_answer_no_open_call_takes_ends_the_program(fmt, chars, going_on, answers, ends):
+def test_an_allowed_answer_no_open_call_takes_ends_the_program(kqapro, fmt, before, going_on, answers, ends):
     # The KB grammar allows going on after QueryAttr, and then only Verify* names: with values alone
-    # asked, each of those is dead, so the layer must end the program here rather than leave the
-    # grammar's choice one step later (the per-request grammar's root already ends it).
-    table = TokenTable(chars)
-    mask = GroundedMask(table, {ANSWER: answers}, lambda got: "".join(chars[i] for i in got), fmt)
-    out = mask([0], np.zeros(len(chars)))
-    kept = {i for i in range(1, len(chars)) if np.isfinite(out[i])}
-    assert kept == (set(range(1, len(chars))) - going_on if ends else set(range(1, len(chars))))
+    # asked, the program ends there.
+    grammar = ProgramGrammar(kqapro.kb.vocabulary, fmt)
+    assert grammar.accepts(before) and _both(grammar, {ANSWER: answers})(before)
+    assert _both(grammar, {ANSWER: answers}, ends=False)(before + going_on) != ends

@@ -306,7 +306,7 @@ def test_the_run_browser_shows_the_trace_the_api_returns(tmp_path, fake_backend,
     from test_browser import browser_page, trace_of
 
     from cbr2.config import Config, compose
-    from cbr2.evaluation.runner import run_evaluation
+    from cbr2.run.runner import run_evaluation
 
     setting = ["data.name=mini-kqapro", BACKBONE, "retrieval.k_ontology=3", "retrieval.k_facts=3", "llm.backend=fake"]
     fake_backend.reply = lambda prompt: to_text(gold[asked(prompt)].program)

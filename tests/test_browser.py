@@ -13,9 +13,9 @@ import subprocess
 
 import pytest
 
-from cbr2.evaluation.browser import SUMMARY_FIELDS, browser_data, embed_json, page_blocks, write_browser, write_compare
 from cbr2.evaluation.metrics import judged
 from cbr2.evaluation.trace import build_trace
+from cbr2.report.browser import SUMMARY_FIELDS, browser_data, embed_json, page_blocks, write_browser, write_compare
 
 HOSTILE = "</script><img src=x onerror=alert(1)>"
 """Generated text that would run script if the page ever parsed data as markup."""
@@ -204,7 +204,7 @@ def test_compare_lists_the_flips_with_relative_links(tmp_path):
 
 
 def test_report_cli_writes_the_comparison(tmp_path):
-    from cbr2.evaluation.compare import main
+    from cbr2.report.compare import main
 
     a = write_run(tmp_path / "a", [prediction("val-1", "Count", True), prediction("val-2", "Count", False, kind="wrong")])
     b = write_run(tmp_path / "b", [prediction("val-1", "Count", False, kind="wrong"), prediction("val-2", "Count", True)])
@@ -215,7 +215,7 @@ def test_report_cli_writes_the_comparison(tmp_path):
 
 def test_every_evaluation_writes_its_browser(tmp_path):
     from cbr2.config import load_config
-    from cbr2.evaluation.runner import run_evaluation
+    from cbr2.run.runner import run_evaluation
 
     overrides = ["llm.backend=gold", "eval.per_category=null", "wandb.mode=disabled", "generation.constrained=false",
                  "retrieval.cases=none", "retrieval.k_ontology=0", "retrieval.k_facts=0", "eval.limit=12"]
@@ -325,8 +325,8 @@ def test_chromium_compare_page(tmp_path):
 
 
 def test_the_browser_reads_repeated_ids_as_a_resumed_run_does(tmp_path, caplog):
-    from cbr2.evaluation.browser import browser_data
-    from cbr2.evaluation.run_folder import load_predictions
+    from cbr2.evaluation.records import load_predictions
+    from cbr2.report.browser import browser_data
 
     path = tmp_path / "predictions.jsonl"
     # A stale record generated again (the newer wins), then two writers' records of q2 (a conflict).

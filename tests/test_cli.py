@@ -3,6 +3,7 @@
 import importlib
 import importlib.util
 import json
+import logging
 import pkgutil
 import shutil
 import subprocess
@@ -91,7 +92,8 @@ def test_a_user_error_is_one_line_and_anything_else_shows_its_traceback(script, 
     from cbr2.data.schema import DataError
 
     module = _entry_point(script)
-    monkeypatch.setattr(module, "setup_logging", lambda: None)  # the test process keeps its logging
+    monkeypatch.setattr(module, "setup_logging", lambda: None)  # the test process keeps its logging ...
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # ... without an earlier test's stderr handler
 
     def raising(error):
         def run(*args, **kwargs):
@@ -121,7 +123,7 @@ def test_show_prompt_prints_the_prompt_and_nothing_else(tmp_path):
     # The printed question is named, so it can be matched to predictions.jsonl.
     from cbr2.config import load_config
     from cbr2.data.benchmarks import Benchmark
-    from cbr2.evaluation.runner import select_questions
+    from cbr2.run.runner import select_questions
 
     third = select_questions(Benchmark("mini-kqapro"), load_config(["eval.per_category=null"]))[2]
     assert f"--show-prompt 2: question id {third.qid} ({third.category})" in proc.stderr

@@ -59,7 +59,7 @@ def test_the_paper_config_is_the_full_method_too():
 def test_report_labels_a_default_run_full(tmp_path):
     import json
 
-    from cbr2.evaluation.compare import load_run, table_data
+    from cbr2.report.compare import load_run, table_data
 
     run = tmp_path / "llamacpp"
     run.mkdir()

@@ -409,10 +409,10 @@ def test_linking_and_narrowing_ground_a_custom_question_in_the_kb(monkeypatch):
     from test_retrieval import KeywordEncoder
 
     from cbr2.data.questions import Question
-    from cbr2.evaluation.runner import build_prompts, reach_of
     from cbr2.generation.grounded import RELATE
     from cbr2.retrieval.cases import Query
     from cbr2.retrieval.retriever import Retriever
+    from cbr2.run.runner import build_prompts, reach_of
 
     monkeypatch.setattr("cbr2.retrieval.retriever.load_encoder",
                         lambda *a, **k: KeywordEncoder(["who", "teaches", "which", "courses", "require", "how", "many"]))

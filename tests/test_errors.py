@@ -8,8 +8,8 @@ import pytest
 from cbr2.data.questions import Question, question_record
 from cbr2.evaluation.errors import analyze, classify
 from cbr2.evaluation.metrics import compute_metrics
-from cbr2.evaluation.run_report import render_report, write_report
 from cbr2.kopl.text import parse_text
+from cbr2.report.run_report import render_report, write_report
 
 EVEREST = "r1: Find[Mount Everest] → QueryAttr[elevation above sea level]"
 CAPITAL = "r1: Find[France] → Relate[capital | forward] → FilterConcept[city] → QueryName[]"

@@ -7,7 +7,7 @@ import pytest
 from conftest import to_old_schema
 
 from cbr2.config import ConfigError, load_config
-from cbr2.evaluation.runner import run_evaluation
+from cbr2.run.runner import run_evaluation
 
 FIELDS = {"id", "question", "category", "gold_answer", "answer", "correct", "generated", "program",
           "error_kind", "repairs", "syntax_error", "syntax_error_before_repair"}
@@ -255,7 +255,7 @@ def test_a_record_whose_prompt_changed_is_generated_again(tmp_path, scripted):
 def test_a_setting_the_backend_cannot_decode_stops_the_run_before_retrieval(tmp_path, monkeypatch, fake_backend):
     """Backends declare the decoding features they honour; a run that asks for one its backend
     lacks stops at start in one line naming those that have it (nothing retrieved, nothing built)."""
-    from cbr2.evaluation import runner
+    from cbr2.run import runner
 
     def no_retrieval(*args, **kwargs):
         raise AssertionError("retrieval started")

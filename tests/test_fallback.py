@@ -9,15 +9,15 @@ import pytest
 from cbr2.common.records import Completion, Prompt
 from cbr2.config import load_config
 from cbr2.data.benchmarks import Benchmark
-from cbr2.evaluation.run_folder import generation_key
-from cbr2.evaluation.run_report import render_fallback
-from cbr2.evaluation.runner import run_evaluation
 from cbr2.evaluation.scoring import score_generation
 from cbr2.generation import fallback
 from cbr2.generation.canonicalize import Canonicalizer
 from cbr2.generation.prompt import EMPTY_ANSWER, FALLBACK_VERSION
 from cbr2.kopl.executor import Executor
 from cbr2.kopl.text import to_dag_text
+from cbr2.report.run_report import render_fallback
+from cbr2.run.run_folder import generation_key
+from cbr2.run.runner import run_evaluation
 
 BASE = ["llm.backend=fake", "generation.constrained=false", "eval.per_category=null", "eval.limit=24", "wandb.mode=disabled",
         "retrieval.cases=none", "retrieval.k_ontology=0", "retrieval.k_facts=0"]
@@ -256,9 +256,9 @@ def test_the_generation_section_keys_the_cache(fixer):
 
 def test_canonicalize_and_constrained_reach_scoring_and_the_backend(tmp_path, fixer, monkeypatch):
     built = []
-    monkeypatch.setattr("cbr2.evaluation.runner.build_canonicalizer",
+    monkeypatch.setattr("cbr2.run.runner.build_canonicalizer",
                         lambda cfg, bench: built.append("canon") or Canonicalizer(bench.kb.vocabulary))
-    monkeypatch.setattr("cbr2.evaluation.runner.build_grammar",
+    monkeypatch.setattr("cbr2.run.runner.build_grammar",
                         lambda cfg, bench: built.append("grammar") or "the grammar")
     fixer.script = lambda q, i: typo(q)
     out = tmp_path / "run"

@@ -1,23 +1,23 @@
 """``generation.find_needs_link``: a question in which linking found no KB entity gets no ``Find``,
-with the same meaning on both engines (the token layer of ``llamacpp`` and the per-request grammar
-of ``vllm``/``openai``)."""
+in the question's grammar on every engine (its text, as ``vllm``/``openai`` get it, and the
+``llamacpp`` backend's compiled form)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from omegaconf import OmegaConf
 from test_grounded_grammar import xgrammar_accepts
+from test_llm_llamacpp import llamacpp_accepts, llamacpp_allowed
 
 from cbr2.config import Config
 from cbr2.data.benchmarks import Benchmark
-from cbr2.evaluation.runner import build_prompts
 from cbr2.generation.grammar import ProgramGrammar
-from cbr2.generation.grounded import GroundedMask, TokenTable, slot_candidates
+from cbr2.generation.grounded import slot_candidates
 from cbr2.retrieval.cases import Query
 from cbr2.retrieval.knowledge import Knowledge
 from cbr2.retrieval.linking import Links
 from cbr2.retrieval.retriever import Retrieved
+from cbr2.run.runner import build_prompts
 
 QUESTION = "How many rock bands whose inception is in 1970 are there?"
 
@@ -31,25 +31,6 @@ def test_the_entity_kind_is_closed_only_when_asked_and_nothing_is_linked():
     assert slot_candidates(linked, "Who founded Queen?", find_needs_link=True)["entity"] == ("Queen",)
 
 
-def test_the_token_layer_opens_no_find_argument_of_a_closed_kind():
-    texts = ["Find", "[", "All", "[]", "[Qu", "Find[", " →", "Count"]
-    table = TokenTable(texts)
-    text_of = {(): "r1: ", (0,): "r1: Find", (0, 2): "r1: FindAll"}
-
-    def allowed(candidates, ids):
-        mask = GroundedMask(table, candidates, lambda got: text_of[tuple(got)])
-        return {texts[i] for i in np.flatnonzero(np.isfinite(mask(ids, np.zeros(table.size))))}
-
-    closed = {"entity": (), "year": ("1970",)}
-    assert "Find[" not in allowed(closed, ()) and "Find" in allowed(closed, ())  # FindAll stays possible
-    after_find = allowed(closed, (0,))
-    assert "[" not in after_find and "[Qu" not in after_find and "All" in after_find
-    assert "[]" in allowed(closed, (0, 2))  # FindAll's own bracket is not an entity argument
-    # Not closed: the same tokens stay (the grammar alone decides, or the candidates do).
-    assert {"[", "[Qu"} <= allowed({"year": ("1970",)}, (0,))
-    assert "[Qu" in allowed({"entity": ("Queen",)}, (0,)) and "[" in allowed({"entity": ("Queen",)}, (0,))
-
-
 @pytest.fixture(scope="module")
 def bench():
     return Benchmark("mini-kqapro")
@@ -60,7 +41,11 @@ def test_the_grammar_closes_find_the_same_way(bench):
     name = min(bench.kb.vocabulary.names)
     closed = grammar.grounded_ebnf({"entity": (), "year": ("1970",)})
     assert closed != grammar.ebnf
-    accepts = xgrammar_accepts(closed)
+    on_vllm, on_llama = xgrammar_accepts(closed), llamacpp_accepts(grammar, {"entity": (), "year": ("1970",)})
+
+    def accepts(text: str) -> bool:
+        assert on_vllm(text) == on_llama(text), text
+        return on_vllm(text)
     count = "r1: FindAll[] → FilterYear[inception | 1970 | =] → Count[]"
     find = f"r1: Find[{name}] → QueryName[]"
     two = f"r1: FindAll[] → FilterYear[inception | 1970 | =]\nr2: Find[{name}]\nr3: (r1, r2) → And[] → Count[]"
@@ -69,6 +54,22 @@ def test_the_grammar_closes_find_the_same_way(bench):
     assert not accepts(find) and not accepts(two)  # on no line, first or later
     # The entity kind absent (nothing asked): Find stays.
     assert xgrammar_accepts(grammar.grounded_ebnf({"year": ("1970",)}))(find)
+    assert llamacpp_accepts(grammar, {"year": ("1970",)})(find)
+
+
+def test_no_token_opens_a_find_argument_of_a_closed_kind(bench):
+    """Tokenizers merge a bracket with what follows: with ``Find`` closed, neither ``Find[`` nor a
+    ``[`` that would open its argument is allowed, while ``FindAll``'s own bracket is."""
+    grammar = ProgramGrammar(bench.kb.vocabulary, "dag")
+    texts = ["Find", "Find[", "[", "All", "[]", "[Ab", "Count"]
+    closed = {"entity": (), "year": ("1970",)}
+    assert llamacpp_allowed(grammar, closed, texts, "r1: ") == {"Find"}  # not "Find["
+    assert llamacpp_allowed(grammar, closed, texts, "r1: Find") == {"All"}
+    assert llamacpp_allowed(grammar, closed, texts, "r1: FindAll") == {"[", "[]"}
+    # Not closed: the same tokens stay (the KB grammar decides, or the candidates do).
+    assert llamacpp_allowed(grammar, {"year": ("1970",)}, texts, "r1: Find") == {"[", "All", "[Ab"}
+    assert llamacpp_allowed(grammar, {"entity": ("Abuja",)}, texts, "r1: Find") == {"[", "All", "[Ab"}
+    assert llamacpp_allowed(grammar, {"entity": ("Oceania",)}, texts, "r1: Find") == {"[", "All"}
 
 
 def test_prompts_carry_the_closed_kind_only_when_asked(bench):

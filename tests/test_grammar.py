@@ -150,13 +150,15 @@ def test_compiled_grammars_are_cached_on_disk(tmp_path, grammars, monkeypatch):
 
     g = grammars["dag"]
     tok = HFBackend(load_config([]).llm).tokenizer()  # the packaged CPU model's tokenizer
-    monkeypatch.setattr(grammar_module, "_COMPILED", {})
+    for cache in ("_COMPILED", "_COMPILERS", "_TOKENIZERS"):
+        monkeypatch.setattr(grammar_module, cache, {})
     first = compiled(g, tok, cache_dir=tmp_path)
     files = list((tmp_path / "grammars").glob("*.json"))
     assert len(files) == 1
 
-    # A new process (empty memory cache) must not compile again: break the compiler to prove it.
-    monkeypatch.setattr(grammar_module, "_COMPILED", {})
+    # A new process (empty memory caches) must not compile again: break the compiler to prove it.
+    for cache in ("_COMPILED", "_COMPILERS", "_TOKENIZERS"):
+        monkeypatch.setattr(grammar_module, cache, {})
 
     class _NoCompiler:
         def __init__(self, *a, **k):

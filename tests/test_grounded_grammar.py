@@ -1,21 +1,37 @@
-"""Grounded decoding as one grammar per question (``ProgramGrammar.grounded_ebnf``), for engines
-that take a grammar per request (vLLM): a grounded kind's arguments are the question's candidates
-that the KB grammar accepts, a kind with none keeps the KB grammar's rule, and the language is a
-subset of the KB grammar's (its byte bound holds)."""
+"""Grounded decoding as one grammar per question (``ProgramGrammar.grounded_ebnf``), the one
+definition every engine decodes a grounded prompt under (``request_grammar``: vLLM and an
+``openai`` server get its text, ``llamacpp`` compiles it for the GGUF vocabulary): a grounded
+kind's arguments are the question's candidates that the KB grammar accepts, a kind with none
+keeps the KB grammar's rule, and the language is a subset of the KB grammar's (its byte bound
+holds). Every gold program of the bundled data decodes on ``llamacpp`` under its own question's
+grammar exactly when the question's candidates hold its arguments."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
-import numpy as np
 import pytest
+from test_llm_llamacpp import llamacpp_accepts
 
 from cbr2.common.records import Prompt
 from cbr2.data.benchmarks import Benchmark
 from cbr2.generation.grammar import ProgramGrammar
-from cbr2.generation.grounded import ANSWER, GROUNDED_KINDS, GroundedMask, TokenTable, closed_functions
+from cbr2.generation.grounded import (
+    ANSWER,
+    GROUNDED_KINDS,
+    RELATE,
+    Reach,
+    closed_functions,
+    grounded_arguments,
+    pool_hops,
+    slot_candidates,
+)
+from cbr2.kopl.functions import get_spec
+from cbr2.kopl.text import escape_arg, to_text
 from cbr2.llm.base import request_grammar
+from cbr2.retrieval.linking import Linker
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +114,9 @@ def test_each_kinds_check_is_the_language_of_its_rule(grammar, vocab):
             assert bool(grammar._valid[kind](value)) == derived, (kind, value)
 
 
-def xgrammar_accepts(ebnf: str):
-    """Whether xgrammar, reading ``ebnf`` itself, accepts a whole text (skips without xgrammar)."""
+def xgrammar_accepts(ebnf: str, ends: bool = True):
+    """Whether xgrammar, reading ``ebnf`` itself (the text vLLM and an ``openai`` server get), accepts
+    a whole text, or with ``ends=False`` a start of one (skips without xgrammar)."""
     xgr = pytest.importorskip("xgrammar")
     compiler = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False)
     matcher = xgr.GrammarMatcher(compiler.compile_grammar(xgr.Grammar.from_ebnf(ebnf, root_rule_name="root")),
@@ -107,24 +124,7 @@ def xgrammar_accepts(ebnf: str):
 
     def accepts(text: str) -> bool:
         matcher.reset()
-        return bool(matcher.accept_string(text) and matcher.is_terminated())
-
-    return accepts
-
-
-def mask_accepts(candidates, fmt="dag", ends=False):
-    """Whether the token layer lets a text be written one character at a time (a vocabulary of
-    single characters: every text can be spelt, and the layer decides at every character), and
-    with ``ends`` then end (an end token, as the model's end of text), every token allowed by the
-    grammar."""
-    chars = [chr(c) for c in range(32, 127)] + ["\n", "→", None]
-    table = TokenTable(chars)
-    index = {c: i for i, c in enumerate(chars)}
-
-    def accepts(text: str) -> bool:
-        ids = [index[c] for c in text] + ([len(chars) - 1] if ends else [])
-        mask = GroundedMask(table, candidates, lambda got: "".join(chars[i] for i in got), fmt)
-        return all(np.isfinite(mask(ids[:i], np.zeros(table.size))[ids[i]]) for i in range(len(ids)))
+        return bool(matcher.accept_string(text) and (not ends or matcher.is_terminated()))
 
     return accepts
 
@@ -132,15 +132,20 @@ def mask_accepts(candidates, fmt="dag", ends=False):
 def test_only_a_start_calls_kind_may_be_closed(grammar):
     assert closed_functions({"quantity": ("5",), "entity": ()}) == {"Find"}
     assert closed_functions({ANSWER: ()}) == frozenset()  # not an argument's kind
-    # A closed kind taken after a branch's start would need every tail rule rewritten: refused, so
-    # the per-request grammar never means less than the token layer does.
+    # A closed kind taken after a branch's start would need every tail rule rewritten: refused
+    # rather than decoded as if it were open.
     with pytest.raises(ValueError, match="closes only start calls' kinds; closed here: .*FilterNum"):
         grammar.grounded_ebnf({"quantity": ()})
 
 
 def test_a_grounded_grammar_accepts_the_candidates_and_refuses_the_rest(grammar, vocab):
     names = sorted(vocab.names)
-    accepts = xgrammar_accepts(grammar.grounded_ebnf({"entity": (names[0],), "year": ("2019",)}))
+    cands = {"entity": (names[0],), "year": ("2019",)}
+    on_vllm, on_llama = xgrammar_accepts(grammar.grounded_ebnf(cands)), llamacpp_accepts(grammar, cands)
+
+    def accepts(text: str) -> bool:
+        assert on_vllm(text) == on_llama(text), text
+        return on_vllm(text)
 
     on = f"r1: Find[{names[0]}] → QueryName[]"
     off = f"r1: Find[{names[1]}] → QueryName[]"
@@ -149,3 +154,75 @@ def test_a_grounded_grammar_accepts_the_candidates_and_refuses_the_rest(grammar,
     year = "r1: FindAll[] → FilterYear[date of birth | {} | =] → Count[]"
     assert grammar.accepts(year.format("2019")) and grammar.accepts(year.format("1990"))
     assert accepts(year.format("2019")) and not accepts(year.format("1990"))
+
+
+def _within(grammar: ProgramGrammar, program, candidates) -> bool:
+    """Whether the question's candidates hold every argument of ``program`` that grounded decoding
+    draws from them: each of a kind with a candidate the KB grammar accepts is one of those (as the
+    program text writes it), and no function takes a kind given with none (closed)."""
+    for arg in grounded_arguments(program, candidates):
+        kind = arg["kind"]
+        if kind == RELATE:
+            relation, _, direction = arg["value"].rpartition(" | ")
+            valid, written = grammar._relate_pairs(candidates[RELATE]), f"{escape_arg(relation)} | {direction}"
+        else:
+            valid = [t for t in (escape_arg(v) for v in candidates.get(kind, ()) if v) if grammar._valid[kind](t)]
+            written = escape_arg(arg["value"])
+        if (kind in candidates and not candidates[kind]) or (valid and written not in valid):
+            return False
+    return True
+
+
+def _questions_with_candidates(name: str, stride: int):
+    """Every ``stride``-th question of a bundled benchmark with a gold program, and its candidates
+    as the default's prompt carries them: linking (a closed ``entity`` kind when nothing is linked),
+    the KB around the linked entities, and the answer type of the gold program's end (standing in
+    for its structural cases')."""
+    bench = Benchmark(name)
+    linker = Linker(bench.kb)
+    reach = Reach(bench.kb, pool_hops(q.program for q in bench.questions(bench.family.train_split)))
+    questions = [q for split in bench.family.splits for q in bench.questions(split) if q.program is not None]
+    for q in questions[::stride]:
+        links = linker.link(q.question)
+        candidates = slot_candidates(links, q.question, find_needs_link=True) | reach.candidates(links)
+        candidates[ANSWER] = (get_spec(q.program.final_function()).output,)
+        yield bench, q, candidates
+
+
+def _outside(bench, program, candidates) -> str | None:
+    """``program``'s text with its first ``Find`` naming a KB entity that is not a candidate, or None
+    without a ``Find`` or entity candidates."""
+    finds = [i for i, step in enumerate(program.steps) if step.function == "Find"]
+    if not finds or not candidates.get("entity"):
+        return None
+    other = next(n for n in sorted(bench.kb.vocabulary.names) if n not in candidates["entity"])
+    steps = list(program.steps)
+    steps[finds[0]] = dataclasses.replace(steps[finds[0]], inputs=(other,))
+    return to_text(dataclasses.replace(program, steps=tuple(steps)), "dag")
+
+
+@pytest.mark.parametrize("name", ["mini-kqapro", "mini-metaqa"])
+@pytest.mark.parametrize("stride", [pytest.param(1, marks=pytest.mark.slow), 20])
+def test_llamacpp_decodes_a_gold_program_exactly_when_its_questions_candidates_hold_it(name, stride):
+    """The ``llamacpp`` backend's grammar of each question (its ``request_grammar``, compiled for the
+    vocabulary) accepts the gold program where the candidates hold its arguments and refuses it
+    where they do not, and refuses the program with its entity swapped for one the question does
+    not name. The fast tier takes every 20th question, the slow tier all of them."""
+    held = refused = swapped = 0
+    grammar = chars = None
+    for bench, q, candidates in _questions_with_candidates(name, stride):
+        if grammar is None:
+            grammar = ProgramGrammar(bench.kb.vocabulary, "dag")
+            chars = "".join({c for split in bench.family.splits for g in bench.questions(split) if g.program
+                             for c in to_text(g.program, "dag")})
+        accepts = llamacpp_accepts(grammar, candidates, extra=chars)
+        text = to_text(q.program, "dag")
+        within = _within(grammar, q.program, candidates)
+        assert accepts(text) == within, (q.qid, text, candidates)
+        held += within
+        refused += not within
+        if within and (other := _outside(bench, q.program, candidates)) is not None:
+            assert not accepts(other), (q.qid, other)
+            swapped += 1
+    # Linking holds most gold arguments; both outcomes and the swap are exercised.
+    assert held > 0.9 * (held + refused) and swapped > 10

@@ -117,7 +117,7 @@ LAST_LINE_DAMAGE = {
 
 @pytest.mark.parametrize("damage", list(LAST_LINE_DAMAGE))
 def test_any_damage_to_the_last_line_is_dropped_and_the_file_cut_back(tmp_path, caplog, damage):
-    from cbr2.evaluation.run_folder import load_predictions
+    from cbr2.evaluation.records import load_predictions
 
     path = tmp_path / "predictions.jsonl"
     good = _lines(_rec("q1"), _rec("q2"))
@@ -130,7 +130,7 @@ def test_any_damage_to_the_last_line_is_dropped_and_the_file_cut_back(tmp_path, 
 
 @pytest.mark.parametrize("damage", list(LAST_LINE_DAMAGE))
 def test_damage_before_the_last_line_is_refused_naming_file_and_line(tmp_path, damage):
-    from cbr2.evaluation.run_folder import load_predictions
+    from cbr2.evaluation.records import load_predictions
 
     path = tmp_path / "predictions.jsonl"
     damaged = LAST_LINE_DAMAGE[damage](_lines(_rec("q1")))
@@ -144,7 +144,7 @@ def test_damage_before_the_last_line_is_refused_naming_file_and_line(tmp_path, d
 
 
 def test_readers_that_do_not_write_leave_the_file_alone(tmp_path):
-    from cbr2.evaluation.run_folder import load_predictions
+    from cbr2.evaluation.records import load_predictions
 
     path = tmp_path / "predictions.jsonl"
     path.write_bytes(_lines(_rec("q1")) + b'{"id": "q2", "gen')  # the run may still be appending
@@ -153,7 +153,7 @@ def test_readers_that_do_not_write_leave_the_file_alone(tmp_path):
 
 
 def test_a_repeated_id_is_refused_unless_identical_or_superseded(tmp_path):
-    from cbr2.evaluation.run_folder import load_predictions
+    from cbr2.evaluation.records import load_predictions
 
     path = tmp_path / "predictions.jsonl"
     path.write_bytes(_lines(_rec("q1"), _rec("q2"), _rec("q1")))  # the same record twice: harmless
@@ -219,7 +219,7 @@ def echo(monkeypatch):
 
 
 def _evaluate(tmp_path, *overrides):
-    from cbr2.evaluation.runner import run_evaluation
+    from cbr2.run.runner import run_evaluation
 
     cfg = load_config([f"output_dir={tmp_path / 'run'}", "llm.backend=echo", "eval.per_category=null", "eval.limit=6",
                        "wandb.mode=disabled", "generation.constrained=false", "retrieval.cases=none",
@@ -241,10 +241,10 @@ def test_a_run_cut_inside_a_utf8_character_resumes(tmp_path, echo):
 
 
 def test_generated_text_with_a_lone_surrogate_is_written_and_resumed(tmp_path, echo, monkeypatch):
-    from cbr2.evaluation import run_folder
+    from cbr2.run import run_folder
 
     monkeypatch.setattr(echo, "text", staticmethod(lambda q: "r1: Find[\ud800] → QueryName[]"))
-    # report.md quotes generated text too; its writer (cbr2.evaluation.run_report) is checked apart from this one.
+    # report.md quotes generated text too; its writer (cbr2.report.run_report) is checked apart from this one.
     monkeypatch.setattr(run_folder, "write_report", lambda *a, **k: None)
     metrics, pred = _evaluate(tmp_path)
     records = [json.loads(line) for line in pred.read_text(encoding="utf-8").splitlines()]
@@ -254,7 +254,7 @@ def test_generated_text_with_a_lone_surrogate_is_written_and_resumed(tmp_path, e
 
 
 def test_an_unreadable_config_beside_predictions_is_a_clear_refusal(tmp_path):
-    from cbr2.evaluation.run_folder import check_same_config
+    from cbr2.run.run_folder import check_same_config
 
     (tmp_path / "predictions.jsonl").write_bytes(_lines(_rec("q1")))
     (tmp_path / "config.yaml").write_text("data: [oops\n")

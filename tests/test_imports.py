@@ -25,7 +25,7 @@ LIGHT_PACKAGES = ("cbr2.config", "cbr2.kopl", "cbr2.kb", "cbr2.data", "cbr2.llm"
 """Packages all of whose modules are light (the LLM backends import their engines when they load a model)."""
 
 LIGHT_MODULES = ("cbr2", "cbr2.evaluation.metrics", "cbr2.evaluation.records",
-                 "cbr2.evaluation.scoring", "cbr2.evaluation.run_report", "cbr2.evaluation.errors",
+                 "cbr2.evaluation.scoring", "cbr2.report.run_report", "cbr2.evaluation.errors",
                  "cbr2.generation.prompt", "cbr2.common.console")
 """Light modules of packages that also hold heavy ones."""
 

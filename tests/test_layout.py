@@ -10,14 +10,18 @@ wherever it stands: module level, inside functions and methods, under ``try``.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from pathlib import Path
+
+import tomllib
 
 import cbr2
 
 PACKAGE_DIR = Path(cbr2.__file__).parent
+ROOT = PACKAGE_DIR.parent
 
 LAYERS = ("common", "config", "kb", "kopl", "data", "retrieval", "structural", "generation", "llm", "evaluation",
-          "cluster", "service", "cli")
+          "report", "run", "cluster", "service", "cli")
 """The packages of ``cbr2``, lowest first; a module imports only from its own package and those before it.
 
 ``common`` is the core layer: errors, the records the stages pass on, files (cache root, folder
@@ -26,9 +30,14 @@ the configuration. ``kb`` is the KB model and its triples; ``kopl`` the programs
 over a KB; ``data`` reads the official files (KBs, through the KB store, and questions) and the
 benchmarks; then retrieval, the structural retriever (trained on data, encoded by retrieval),
 generation (prompt, grammar, canonicalisation, fallback), the LLM backends (which decode under
-generation's grammar), evaluation (the run), the cluster (sweeps and shard merges of runs), the
-service (the Python API and the ``ask`` command, over the evaluation's stages), and the ``cbr2``
-command (``cli``: one verb per entry point, each imported when it runs).
+generation's grammar); ``evaluation`` judges answers and holds what runs and reports share
+(scoring, metrics, error analysis, the JSONL records, a question's trace, which questions a run
+judges); ``report`` writes what a reader sees of one run or several (report.md, the browser, the
+comparison and its charts, W&B), from records and metrics alone; ``run`` is the evaluation loop
+and its output folder (whose ``finish_run`` calls the reports, so ``run`` sits above them); then
+the cluster (sweeps and shard merges of runs), the service (the Python API, ``ask`` and ``serve``,
+over the run's stages), and the ``cbr2`` command (``cli``: one verb per entry point, each
+imported when it runs).
 """
 
 
@@ -142,7 +151,9 @@ def test_find_cycle_reports_the_cycle():
 
 def test_import_graph_sees_imports_inside_functions():
     graph = import_graph()
-    assert "cbr2.evaluation.runner" in graph
+    assert "cbr2.run.runner" in graph
+    # The sweep imports the run loop only inside the function that runs locally.
+    assert "cbr2.run.runner" in graph["cbr2.cluster.sweep"]
     # cbr2.llm loads a backend by its "module:Class" string, so the graph holds no edge for that,
     # but a backend's own import of its base module is a real edge.
     assert "cbr2.llm.base" in graph["cbr2.llm.gold"]
@@ -167,6 +178,25 @@ def test_packages_depend_downward_only():
     upward = upward_imports(graph)
     assert not upward, ("imports of a higher layer (LAYERS: " + " < ".join(LAYERS) + "); move the code to the "
                         "layer that owns it or pass a value in:\n" + "\n".join(upward))
+
+
+def unshipped(patterns: Iterable[str]) -> list[str]:
+    """Files of the package that are not Python source and that no package-data pattern ships,
+    relative to the package: what a wheel would leave out."""
+    shipped = {p.resolve() for pattern in patterns for p in PACKAGE_DIR.glob(pattern) if p.is_file()}
+    found = (p for p in PACKAGE_DIR.rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".py", ".pyc"))
+    return sorted(str(p.relative_to(PACKAGE_DIR)) for p in found if p.resolve() not in shipped)
+
+
+def test_package_data_follows_the_files_that_moved():
+    # A folder of assets that moves with its module (the browser's, into cbr2/report/) must move in
+    # pyproject.toml too, or a wheel installs pages without their script.
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"][
+        "package-data"]["cbr2"]
+    assert unshipped(patterns) == []
+    before = [p.replace("report/browser_assets", "evaluation/browser_assets") for p in patterns]
+    assert "report/browser_assets/browser.js" in unshipped(before)
 
 
 def test_prediction_names_every_field_scoring_and_the_fallback_write():

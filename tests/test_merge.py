@@ -12,8 +12,8 @@ from cbr2.cluster.merge import main as merge_main
 from cbr2.cluster.merge import merge
 from cbr2.common.slurm import array_task, num_nodes, tasks_per_node, visible_gpus
 from cbr2.config import load_config
-from cbr2.evaluation.runner import run_evaluation
 from cbr2.evaluation.selection import resolve_shard, shard_of
+from cbr2.run.runner import run_evaluation
 
 RUN = ["llm.backend=gold", "generation.constrained=false", "eval.per_category=null", "eval.limit=20", "wandb.mode=disabled",
        "structural.checkpoint=sentence-transformers/all-MiniLM-L6-v2", "retrieval.k_semantic=2",

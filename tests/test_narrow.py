@@ -1,25 +1,25 @@
 """Narrowed grounded decoding (``generation.narrow``): ``Relate`` pairs and concepts drawn from the KB
-around the question's linked entities, the same language on both engines (the token-level layer of
-``llamacpp`` and the per-request grammar of ``vllm``/``openai``)."""
+around the question's linked entities, in the question's grammar on every engine (its text, as
+``vllm``/``openai`` get it, and the ``llamacpp`` backend's compiled form)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from omegaconf import OmegaConf
 from test_grounded_grammar import xgrammar_accepts
+from test_llm_llamacpp import llamacpp_accepts, llamacpp_allowed
 
 from cbr2.config import Config
 from cbr2.data.benchmarks import Benchmark
-from cbr2.evaluation.runner import build_prompts, reach_of
 from cbr2.generation.grammar import ProgramGrammar
-from cbr2.generation.grounded import RELATE, GroundedMask, Reach, TokenTable, pool_hops
+from cbr2.generation.grounded import RELATE, Reach, pool_hops
 from cbr2.kb.model import KB
 from cbr2.kopl.text import parse_text
 from cbr2.retrieval.cases import Query
 from cbr2.retrieval.knowledge import Knowledge
 from cbr2.retrieval.linking import Links
 from cbr2.retrieval.retriever import Retrieved
+from cbr2.run.runner import build_prompts, reach_of
 
 
 def _kb() -> KB:
@@ -72,28 +72,6 @@ def test_reach_reads_pairs_with_their_direction_and_concepts_with_superclasses()
     assert Reach(_kb(), hops=0).candidates(Links(("Australia",), (), {})) == {}
 
 
-def _table_and_mask(candidates, texts, text_of):
-    table = TokenTable(texts)
-    return table, GroundedMask(table, candidates, lambda ids: text_of[tuple(ids)])
-
-
-def test_the_token_layer_narrows_a_relate_bracket_as_one_candidate():
-    texts = ["capital", " |", " forward", " backward", "]", "place", " of", " birth", "[cap", "[place"]
-    cands = {RELATE: ("capital | forward", "place of birth | backward")}
-    table, mask = _table_and_mask(cands, texts, {
-        (): "r1: Find[Australia] → Relate[", (0,): "r1: Find[Australia] → Relate[capital |",
-        (1,): "r1: Find[Australia] → Relate", (2,): "r1: Find[Australia] → Relate[place of birth |"})
-    allowed = lambda ids: {texts[i] for i in np.flatnonzero(np.isfinite(mask(ids, np.zeros(table.size))))}
-    assert allowed(()) == {"capital", "place"}
-    assert allowed((0,)) == {" forward"}  # the direction goes with the relation
-    assert allowed((2,)) == {" backward"}
-    # A token that opens the bracket and starts it off every pair is forbidden; one that starts a pair stays.
-    out = mask((1,), np.zeros(table.size))
-    assert np.isfinite(out[texts.index("[cap")]) and np.isfinite(out[texts.index("[place")])
-    _, only = _table_and_mask({RELATE: ("place of birth | backward",)}, texts, {(): "r1: Find[Ann] → Relate"})
-    assert np.isinf(only((), np.zeros(table.size))[texts.index("[cap")])
-
-
 @pytest.fixture(scope="module")
 def bench():
     return Benchmark("mini-kqapro")
@@ -104,7 +82,12 @@ def test_the_grammar_narrows_relate_the_same_way(bench):
     grammar = ProgramGrammar(kb.vocabulary, "dag")
     name = next(e["name"] for e in kb.entities.values() if e.get("relations"))
     cands = Reach(kb, hops=1).candidates(Links((name,), (), {}))
-    accepts = xgrammar_accepts(grammar.grounded_ebnf({"entity": (name,), **cands}))
+    on_vllm = xgrammar_accepts(grammar.grounded_ebnf({"entity": (name,), **cands}))
+    on_llama = llamacpp_accepts(grammar, {"entity": (name,), **cands})
+
+    def accepts(text: str) -> bool:
+        assert on_vllm(text) == on_llama(text), text
+        return on_vllm(text)
 
     pairs = set(cands[RELATE])
     for relation in sorted(kb.vocabulary.relations):
@@ -119,6 +102,23 @@ def test_the_grammar_narrows_relate_the_same_way(bench):
     assert accepts(concept.format(inside[0])) and not accepts(concept.format(outside[0]))
     # Pairs the KB grammar refuses are dropped; with none left, Relate keeps the KB grammar's rule.
     assert grammar.grounded_ebnf({RELATE: ("no such relation | forward", "capital | sideways")}) is grammar.ebnf
+
+
+def test_a_relate_bracket_is_one_candidate_whatever_the_tokens(bench):
+    """The whole bracket is one choice, so the direction goes with its relation, and a token that
+    opens the bracket with the start of a relation out of reach is refused with the rest."""
+    grammar = ProgramGrammar(bench.kb.vocabulary, "dag")
+    cands = {"entity": ("Africa",), RELATE: ("continent | backward", "highest point | forward")}
+    texts = [" forward", " backward", "[cont", "[high", "[capital", "continent |", "capital"]
+    assert llamacpp_allowed(grammar, cands, texts, "r1: Find[Africa] → Relate[continent |") == {" backward"}
+    assert llamacpp_allowed(grammar, cands, texts, "r1: Find[Africa] → Relate[highest point |") == {" forward"}
+    assert llamacpp_allowed(grammar, cands, texts, "r1: Find[Africa] → Relate") == {"[cont", "[high"}
+    assert llamacpp_allowed(grammar, cands, texts, "r1: Find[Africa] → Relate[") == {"continent |"}
+    # Without narrowed pairs the KB grammar's relations and directions stay.
+    free = llamacpp_allowed(grammar, {"entity": ("Africa",)}, texts, "r1: Find[Africa] → Relate[continent |")
+    assert free == {" forward", " backward"}
+    assert llamacpp_allowed(grammar, {"entity": ("Africa",)}, texts, "r1: Find[Africa] → Relate") == {
+        "[cont", "[high", "[capital"}
 
 
 def test_prompts_carry_the_narrowed_candidates_only_when_asked(bench):

@@ -10,9 +10,9 @@ from cbr2.config import load_config
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.questions import DatasetFormatError, kqapro_category, kqapro_reasoning_types
 from cbr2.evaluation.metrics import answers_match, compute_metrics, is_correct, judged
-from cbr2.evaluation.run_folder import load_predictions
-from cbr2.evaluation.runner import run_evaluation
+from cbr2.evaluation.records import load_predictions
 from cbr2.kopl.text import parse_text
+from cbr2.run.runner import run_evaluation
 
 # (prediction, gold, equal under KQA Pro's official comparison, the rule it shows)
 OFFICIAL_PAIRS = [

@@ -7,13 +7,13 @@ import pytest
 
 from cbr2.config import ABLATIONS, CONFIG_DIR, ConfigError, ablation, compose, load_config
 from cbr2.data.benchmarks import Benchmark
-from cbr2.evaluation.runner import select_questions
 from cbr2.generation.prompt import PROGRAM_SLOT, PromptBuilder, program_text, prompt_hash, system_text
 from cbr2.kb.triples import Triple
 from cbr2.kopl import functions
 from cbr2.kopl.text import to_text
 from cbr2.retrieval.cases import Case, Query
 from cbr2.retrieval.knowledge import Knowledge
+from cbr2.run.runner import select_questions
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""`python -m cbr2.evaluation.compare`: Table 5 layout and order, Δ, honesty checks, chart and CLI, on synthetic runs."""
+"""`python -m cbr2.report.compare`: Table 5 layout and order, Δ, honesty checks, chart and CLI, on synthetic runs."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import random
 import pytest
 
 from cbr2.data.questions import KQAPRO_CATEGORIES
-from cbr2.evaluation.compare import ReportError, ablation_table, load_run, main, plot_per_category, table_data
 from cbr2.evaluation.metrics import ANSWER_COMPARISON
+from cbr2.report.compare import ReportError, ablation_table, load_run, main, plot_per_category, table_data
 
 PAPER_TABLE_5 = {
     # ablation -> (per category Hits@1 in KQA Pro order, overall), the paper's numbers.
@@ -326,8 +326,8 @@ def test_reasoning_types_are_tabulated_and_drawn_in_the_figure_5_layout(tmp_path
 
 
 def test_runs_of_several_models_make_a_model_size_ladder(tmp_path):
-    from cbr2.evaluation.compare import ladder_data, render_ladder
     from cbr2.llm.packaged import parameters_b
+    from cbr2.report.compare import ladder_data, render_ladder
 
     cats = lambda h: {c: (h, 10) for c in KQAPRO_CATEGORIES}
     dirs = [write_run(tmp_path, f"{m}-{a}", cats(h), ablation=a, model=m)

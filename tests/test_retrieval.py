@@ -13,7 +13,6 @@ import pytest
 from cbr2.config import load_config
 from cbr2.data.benchmarks import EMBEDDED_ROOT, Benchmark
 from cbr2.data.questions import Question
-from cbr2.evaluation.runner import run_evaluation
 from cbr2.kb.triples import fact_triples, ontology_triples
 from cbr2.kopl.sketch import schema_items
 from cbr2.kopl.text import parse_dag_text
@@ -22,6 +21,7 @@ from cbr2.retrieval.cases import CaseRetriever, Query
 from cbr2.retrieval.index import build_index, search
 from cbr2.retrieval.knowledge import KnowledgeRetriever
 from cbr2.retrieval.metrics import knowledge_recall, retrieval_metrics, sketch_hit_at_k
+from cbr2.run.runner import run_evaluation
 
 BACKBONE = "structural.checkpoint=sentence-transformers/all-MiniLM-L6-v2"
 
@@ -45,7 +45,14 @@ class KeywordEncoder:
         return len(self.vocab) + 1
 
     def state_dict(self):
-        return {}
+        # Its "weights" are its vocabulary: two fakes of different words never share an embedding
+        # cache entry (the cache keys on ``weights_fingerprint``, one per test session).
+        import hashlib
+
+        import torch
+
+        digest = hashlib.sha256("\x00".join(self.vocab).encode()).digest()
+        return {"vocabulary": torch.tensor(list(digest), dtype=torch.float32)}
 
     def __getitem__(self, i):
         return self

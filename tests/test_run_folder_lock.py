@@ -144,7 +144,7 @@ def test_records_that_differ_only_in_timing_are_one_answer(tmp_path):
     record = {"id": "q1", "answer": "Paris", "latency_s": 0.5, "fallback": {"fired": True, "latency_s": 1.0}}
     again = {**record, "latency_s": 0.7, "fallback": {"fired": True, "latency_s": 2.0}}
     assert records_by_id("p.jsonl", [(1, record), (2, again)]) == {"q1": again}
-    with pytest.raises(Exception, match="lines 1 and 2 both hold id 'q1'.*cbr2.evaluation.repair"):
+    with pytest.raises(Exception, match="lines 1 and 2 both hold id 'q1'.*cbr2.run.repair"):
         records_by_id("p.jsonl", [(1, record), (2, {**again, "answer": "Warsaw"})])
 
 
@@ -170,9 +170,9 @@ def test_the_repair_command_mends_a_folder_two_writers_damaged(tmp_path):
     (damaged / "predictions.jsonl").write_text("\n".join(mixed) + "\n", encoding="utf-8")
 
     stuck = _evaluate(damaged)
-    assert stuck.wait(timeout=600) == 2 and "cbr2.evaluation.repair" in stuck.stderr.read()
+    assert stuck.wait(timeout=600) == 2 and "cbr2.run.repair" in stuck.stderr.read()
 
-    fix = subprocess.run([sys.executable, "-m", "cbr2.evaluation.repair", str(damaged)], cwd=ROOT,
+    fix = subprocess.run([sys.executable, "-m", "cbr2.run.repair", str(damaged)], cwd=ROOT,
                          capture_output=True, text=True, check=False, timeout=300)
     assert fix.returncode == 0, fix.stderr
     assert "kept 450 records of 491 lines" in fix.stdout and "4 conflicting dropped, 1 damaged" in fix.stdout

@@ -304,8 +304,8 @@ def test_a_run_leaves_the_engine_room_for_the_encoders_and_a_service_for_its_ind
     from cbr2.common import devices
     from cbr2.config import compose
     from cbr2.data.benchmarks import Benchmark
-    from cbr2.evaluation.runner import gpu_reserve
     from cbr2.retrieval import index
+    from cbr2.run.runner import gpu_reserve
 
     minilm = "sentence-transformers/all-MiniLM-L6-v2"
     cfg = compose(ablation="full", overrides=["llm.backend=vllm", f"retrieval.encoder={minilm}",

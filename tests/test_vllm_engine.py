@@ -95,14 +95,14 @@ def default_prompts():
     full``: every part of the paper's prompt, the question's triples too), retrieval included."""
     from cbr2.config import compose
     from cbr2.data.benchmarks import Benchmark
-    from cbr2.evaluation.runner import _prepare, build_prompts, select_questions
     from cbr2.retrieval.cases import Query
     from cbr2.retrieval.retriever import Retriever
+    from cbr2.run.runner import build_prompts, prepare, select_questions
 
     cfg = compose(ablation="full", overrides=["wandb.mode=disabled"])
     bench = Benchmark(cfg.data.name, cfg.data.root)
     questions = select_questions(bench, cfg)[:N_PROMPTS]
-    cfg = _prepare(cfg, bench, retrieval_only=False)  # with the structural retriever resolved
+    cfg = prepare(cfg, bench, retrieval_only=False)  # with the structural retriever resolved
     retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
     retrieved = {r.query.qid: r for r in retriever.retrieve([Query(q.qid, q.question) for q in questions])}
     return cfg, bench, build_prompts(cfg.prompt, cfg.generation, questions, retrieved)

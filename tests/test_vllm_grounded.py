@@ -7,11 +7,12 @@ default evaluation (configs/evaluate.yaml: grammar, grounded decoding, linking),
 with semantic case retrieval only: the structural retriever would be trained first where no
 checkpoint is (tens of minutes on a loaded CPU), and grounding does not depend on the cases.
 
-What "the same meaning" can be checked as: llama.cpp runs the 4-bit GGUF and vLLM the fp32 weights,
-so their programs may differ; what must agree is how their arguments relate to the question. On
-both, an argument of a kind for which the question has a candidate the grammar accepts is one of
-those candidates, and the share of grounded-kind arguments drawn from the candidates agrees
-within ``SHARE_GAP``.
+Both engines decode a grounded prompt under the same grammar text (``request_grammar``: vLLM
+compiles it itself, llama.cpp for the GGUF vocabulary). llama.cpp runs the 4-bit GGUF and vLLM the
+fp32 weights, so their programs may differ; what must agree is how their arguments relate to the
+question. On both, an argument of a kind for which the question has a candidate the grammar
+accepts is one of those candidates, and the share of grounded-kind arguments drawn from the
+candidates agrees within ``SHARE_GAP``.
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ def setting():
     """The default evaluation's first questions, their prompts (with candidates) and the grammar."""
     from cbr2.config import CONFIG_DIR, load_config
     from cbr2.data.benchmarks import Benchmark
-    from cbr2.evaluation.runner import build_prompts, prepare, reach_of, select_questions
     from cbr2.generation.grammar import build_grammar
     from cbr2.retrieval.cases import Query
     from cbr2.retrieval.retriever import Retriever
+    from cbr2.run.runner import build_prompts, prepare, reach_of, select_questions
 
     cfg = load_config(["wandb.mode=disabled", "llm.backend=vllm", f"llm.model={MODEL}", "llm.dtype=float32",
                        "retrieval.cases=semantic", "generation.narrow=true"], files=[CONFIG_DIR / "evaluate.yaml"])
@@ -124,7 +125,8 @@ def test_grounded_decoding_draws_the_arguments_llamacpp_draws(setting, engine):
         print(f"  vLLM: {c.text.strip()!r}")
     for c in theirs:
         print(f"  llama.cpp: {c.text.strip()!r}")
-    # Where the question offers a value the grammar takes, vLLM's argument is one of them.
-    assert all(linked for linked, valid, _ in on_vllm if valid), [a for linked, valid, a in on_vllm if valid and not linked]
+    # Where the question offers a value the grammar takes, each engine's argument is one of them.
+    for found in (on_vllm, on_llama):
+        assert all(linked for linked, valid, _ in found if valid), [a for linked, valid, a in found if valid and not linked]
     assert abs(_share(on_vllm) - _share(on_llama)) <= SHARE_GAP
     assert on_vllm and _share(on_vllm) >= _share(off_vllm)

@@ -33,7 +33,7 @@ def test_the_paper_table5_runs_eight_distinct_settings_on_the_real_engine(tmp_pa
     from test_ablations import TABLE5, _blocks
 
     from cbr2.config import ABLATIONS, load_config, setting_of
-    from cbr2.evaluation.runner import show_prompt
+    from cbr2.run.runner import show_prompt
 
     done = subprocess.run([sys.executable, "-m", "cbr2.cluster.sweep", "submit", "--local", "--ablations", "all",
                            "--config", str(ROOT / "configs" / "paper.yaml"), "--name", "paper", "--dir", str(tmp_path),

@@ -19,9 +19,9 @@ from cbr2.common.devices import check_devices
 from cbr2.common.errors import UserError
 from cbr2.config import ABLATIONS, Config
 from cbr2.config.cli import add_config_arguments, config_from_args
-from cbr2.evaluation.run_report import summary_line
-from cbr2.evaluation.runner import run_evaluation, show_prompt
 from cbr2.llm.openai_compat import LLMRequestError
+from cbr2.report.run_report import summary_line
+from cbr2.run.runner import run_evaluation, show_prompt
 
 
 def main(argv: list[str] | None = None) -> int:

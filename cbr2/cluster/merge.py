@@ -29,11 +29,11 @@ from cbr2.common.errors import UserError
 from cbr2.common.files import write_atomic
 from cbr2.common.records import Prediction
 from cbr2.data.benchmarks import Benchmark
-from cbr2.evaluation.records import load_records, record_line
-from cbr2.evaluation.run_folder import check_same_config, finish_run, load_predictions, write_config
-from cbr2.evaluation.run_report import summary_line
+from cbr2.evaluation.records import load_predictions, load_records, record_line
 from cbr2.evaluation.selection import check_shard, select_questions, selection_sha256
+from cbr2.report.run_report import summary_line
 from cbr2.retrieval.metrics import merge_retrieval
+from cbr2.run.run_folder import check_same_config, finish_run, write_config
 
 log = logging.getLogger(__name__)
 

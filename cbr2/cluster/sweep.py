@@ -15,7 +15,7 @@ the sweep's name. Each task asks for ``--gpus``, ``--cpus``, ``--mem``, ``--time
 and ``--account`` (unset: ``slurm/sweep.sbatch``'s defaults, one A100 task: 1 GPU, 8 CPUs, 64 GB,
 4 h); the finalize job asks for no GPU, on the site's default partition unless
 ``--finalize-partition`` names one. ``finalize`` merges sharded runs (``python -m cbr2.cluster.merge``), writes the
-Table 5 layout of the finished runs to ``SWEEP/report/`` (``python -m cbr2.evaluation.compare``) and
+Table 5 layout of the finished runs to ``SWEEP/report/`` (``python -m cbr2.report.compare``) and
 ``SWEEP/summary.json`` (task states, seconds, the sweep's wall time). A task that was killed
 resumes from its predictions when run again: ``python -m cbr2.cluster.sweep task SWEEP T`` or
 ``sbatch --array=T slurm/sweep.sbatch task SWEEP``.
@@ -52,7 +52,7 @@ from cbr2.config import (
     ablation,
     compose,
 )
-from cbr2.evaluation import compare
+from cbr2.report import compare
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def run_task(sweep: Sweep, t: int) -> dict[str, Any]:
         Exception: Whatever the evaluation raised (after recording the task as failed).
     """
     from cbr2.common.devices import check_devices
-    from cbr2.evaluation.runner import run_evaluation
+    from cbr2.run.runner import run_evaluation
 
     run, shard = sweep.task(t)
     status = {"task": t, "run": run.name, "shard": shard, "state": "running", "started": _now(),

@@ -7,7 +7,7 @@ a fault of the project or of a library and shows its traceback. So the message o
 
 The project's kinds derive from it: ``ConfigError`` and ``SetupError`` below, ``DataError`` (a
 data file, ``cbr2.data.reading``) and ``ReportError`` (runs that cannot be compared,
-``cbr2.evaluation.compare``).
+``cbr2.report.compare``).
 """
 
 from __future__ import annotations

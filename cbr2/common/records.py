@@ -2,10 +2,10 @@
 
 ``cbr2.generation.prompt`` builds a ``Prompt``; an LLM backend (``cbr2.llm``) returns one
 ``Completion`` per prompt; ``cbr2.evaluation.scoring`` turns it into a ``Prediction`` (one line
-of ``predictions.jsonl``), which ``cbr2.generation.fallback`` may correct and
-``cbr2.evaluation`` and ``cbr2.cluster`` read back. They live in the core layer because each is
-written by one package and read by others above and below it; a question (``Question``) is
-``cbr2.data``'s, as it carries a KoPL program.
+of ``predictions.jsonl``), which ``cbr2.generation.fallback`` may correct and ``cbr2.evaluation``,
+``cbr2.report``, ``cbr2.run`` and ``cbr2.cluster`` read back. They live in the core layer because
+each is written by one package and read by others above and below it; a question (``Question``)
+is ``cbr2.data``'s, as it carries a KoPL program.
 """
 
 from __future__ import annotations

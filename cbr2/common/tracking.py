@@ -3,7 +3,7 @@
 Compute nodes often have no route to the internet; an ``online`` run there would stall on
 connection retries. Such runs log offline instead (``wandb sync`` uploads them later), with a
 warning, so one config works on a laptop, a login node and a locked-down GPU node alike.
-Training (``cbr2.structural.train``) and evaluation (``cbr2.evaluation.tracking``) both use it.
+Training (``cbr2.structural.train``) and evaluation (``cbr2.report.tracking``) both use it.
 """
 
 from __future__ import annotations

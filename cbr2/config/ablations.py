@@ -121,7 +121,7 @@ ABLATION_TABLE = (
     Ablation("w/o_ont", "Knowledge Recall", "-w/o ont knowledge"),
     Ablation("w/o_knowledge", "Knowledge Recall", "-w/o knowledge"),
 )
-"""The paper's Table 5 settings, in its order (``python -m cbr2.evaluation.compare`` lays out its
+"""The paper's Table 5 settings, in its order (``python -m cbr2.report.compare`` lays out its
 table by it; ``--ablation`` and the sweep take the names)."""
 
 ABLATIONS = tuple(a.name for a in ABLATION_TABLE)

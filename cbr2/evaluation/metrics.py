@@ -103,7 +103,7 @@ def judged(record: Prediction) -> Prediction:
 
     A record keeps the verdict of the comparison it was scored with; records cached or written
     before a change of the comparison are brought to the current one wherever records are read
-    (``run_folder.load_predictions``, the browser), so every Hits@1 the project prints, from a
+    (``records.load_predictions``, the browser), so every Hits@1 the project prints, from a
     run, a merge, a sweep or a comparison, uses the same rule. The single pass of a fallback
     record (``single_pass``) is judged again too. A record of a question without a gold answer
     (a test split) is returned as it is.

@@ -6,6 +6,11 @@ half a UTF-8 character, a partly flushed block of bytes). The reader drops such 
 with a warning (and, when asked to repair, cuts the file back to its last good line, so
 appending continues a valid file); damage on an earlier line is never skipped: it is an
 error naming the file and the line.
+
+``load_predictions`` reads a run's ``predictions.jsonl`` as every reader needs it, each record
+judged by the current answer comparison (``metrics.judged``): the run resuming from it, the shard
+merge and the comparison of runs. It lives here, below both the run and the reports, so that a
+report reads a run's predictions without importing the run loop.
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from cbr2.common.errors import UserError
-from cbr2.common.records import Record
+from cbr2.common.files import write_atomic
+from cbr2.common.records import Prediction, Record
+from cbr2.evaluation.metrics import judged
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +108,7 @@ def read_records(path: str | Path, repair: bool = False,
         elif record is None:
             if lineno < len(lines):
                 raise UserError(f"{path}:{lineno}: corrupt record ({problem}); remove the line or the file "
-                                 "(a run folder: `python -m cbr2.evaluation.repair FOLDER`)")
+                                 "(a run folder: `python -m cbr2.run.repair FOLDER`)")
             log.warning("%s:%d: dropping the damaged last line (%s)%s", path, lineno, problem,
                         "; it is written again" if repair else "")
             if repair:
@@ -158,7 +165,7 @@ def records_by_id(path: str | Path, entries: Sequence[tuple[int, Record]],
                 if conflicts is None:
                     raise UserError(
                         f"{path}: lines {first_line} and {lineno} both hold id {qid!r} with different content (two "
-                        "runs wrote into this file?); `python -m cbr2.evaluation.repair FOLDER` keeps one record "
+                        "runs wrote into this file?); `python -m cbr2.run.repair FOLDER` keeps one record "
                         "per question")
                 conflicts.append((first_line, lineno, qid))
                 continue
@@ -202,3 +209,28 @@ def load_records(path: str | Path, repair: bool = False,
             lines of a question recorded twice with different content that supersedes nothing.
     """
     return records_by_id(path, read_records(path, repair=repair), supersedes=supersedes, conflicts=conflicts)
+
+
+def load_predictions(path: Path, repair: bool = False) -> dict[str, Prediction]:
+    """The prediction records of a run folder's ``predictions.jsonl`` by question id
+    (``load_records``: what a resumed run, a merge and a comparison read), each judged
+    by the current answer comparison (``metrics.judged``).
+
+    Args:
+        path: The file.
+        repair: The writer's read before it appends: a damaged last line is cut, and when a
+            record's verdict was taken by an earlier comparison, the file is rewritten with the
+            records as judged now, so that its ``correct`` fields agree with ``metrics.json``.
+
+    Raises:
+        UserError: As ``load_records``.
+    """
+    # The reader checks only that a line is an object with an id; the runner wrote it as a Prediction.
+    found = cast(dict[str, Prediction], load_records(path, repair=repair))
+    records = {qid: judged(record) for qid, record in found.items()}
+    changed = sum(records[qid] != found[qid] for qid in found)
+    if repair and changed:
+        log.info("%s: %d cached predictions judged again by the current answer comparison; file rewritten",
+                 path, changed)
+        write_atomic(path, "".join(record_line(r) + "\n" for r in records.values()))
+    return records

@@ -3,7 +3,7 @@
 ``build_trace`` is the one place a trace is made, from the two records every answered question
 has: its prediction record (``predictions.jsonl``, ``cbr2.evaluation.scoring``) and its retrieval
 record (``retrieval.jsonl``, ``Retrieved.to_record``). The run browser shows a question's details
-from it (``cbr2.evaluation.browser``), the Python API returns it with each answer and the ``ask``
+from it (``cbr2.report.browser``), the Python API returns it with each answer and the ``ask``
 command prints it or writes it as JSON (``cbr2.service``), so the three never disagree on what a
 question went through.
 

@@ -25,7 +25,7 @@ Record layout (``predictions.jsonl``) with the fallback on:
 
 With the fallback off, records carry neither key: they are the single-pass records as before.
 The fallback's metrics are ``cbr2.evaluation.metrics.fallback_metrics``, its report section
-``cbr2.evaluation.run_report.render_fallback``.
+``cbr2.report.run_report.render_fallback``.
 """
 
 from __future__ import annotations

@@ -28,8 +28,15 @@ snaps a misspelt name afterwards);
 string values are free text (a question's value need not be anywhere in the retrieved
 knowledge, and a per-question list would make a retrieval miss unrecoverable).
 
-``xgrammar`` compiles the grammar against a tokenizer; a KQA Pro-sized compilation takes
-seconds, so compiled grammars are cached in memory and on disk (``compiled``).
+Grounded decoding. ``grounded_ebnf`` is this grammar for one question: its grounded kinds'
+arguments drawn from the question's candidates (``cbr2.generation.grounded``), its answer type
+from its structural cases. It is the one definition of grounded decoding: every engine that
+decodes a grounded prompt decodes under that text (``cbr2.llm.base.request_grammar``).
+
+``xgrammar`` compiles a grammar against a tokenizer. A KQA Pro-sized KB grammar takes seconds, so
+its compiled form is cached in memory and on disk (``compiled``, ``compiled_for``); a question's
+grounded grammar takes hundredths of a second and is compiled per request by the vocabulary's
+compiler, one per process (``compiled_text``).
 """
 
 from __future__ import annotations
@@ -234,10 +241,11 @@ class ProgramGrammar:
         ``Prompt.grounding``) may only be one of those the KB grammar accepts for that kind; a kind
         with none of them valid, or without candidates, keeps the KB grammar's rule; a kind given
         with an empty list is closed: no branch starts with a call that takes it (``closed_functions``;
-        only a start call's kind may be closed, ``entity`` by ``generation.find_needs_link``). This is the
-        meaning of the ``llamacpp`` backend's token-level layer (``GroundedMask``) as one grammar,
-        for engines that take a grammar per request (vLLM's structured outputs). Rules no longer
-        reachable (a closed entity list replaced in every call) are left out, so the engine
+        only a start call's kind may be closed, ``entity`` by ``generation.find_needs_link``). This is
+        the one definition of grounded decoding: every engine decodes a grounded prompt under this
+        text (``cbr2.llm.base.request_grammar``), vLLM's structured outputs and an ``openai`` server
+        with the request, ``llamacpp`` compiled for the GGUF vocabulary (``compiled_text``). Rules no
+        longer reachable (a closed entity list replaced in every call) are left out, so the engine
         compiles a smaller grammar. Its language is a subset of ``ebnf``'s: ``max_bytes`` still
         bounds it.
 
@@ -488,6 +496,20 @@ def build_grammar(cfg: Any, bench: Any) -> ProgramGrammar:
 # --- compiled grammars, cached -----------------------------------------------------------------
 
 _COMPILED: dict[str, Any] = {}
+"""KB grammars compiled in this process, by ``compiled_for``'s key."""
+
+_TOKENIZERS: dict[str, Any] = {}
+"""Each vocabulary's ``xgrammar.TokenizerInfo``, by fingerprint: built once per process."""
+
+_COMPILERS: dict[str, Any] = {}
+"""Each vocabulary's ``xgrammar.GrammarCompiler``, by fingerprint: built when a grammar is first
+compiled for it (a KB grammar read from the disk cache needs none)."""
+
+COMPILER_CACHE_BYTES = 256 * 2**20
+"""What a vocabulary's compiler keeps of the grammars it compiled (least recently used dropped
+first). A run compiles one grounded grammar per question, about 1.6 MB each for Qwen2.5's vocabulary
+on mini-kqapro, so an unbounded cache would grow with the run; what it keeps serves a question
+asked again (``cbr2 serve``)."""
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -539,7 +561,7 @@ def compiled_for(grammar: ProgramGrammar, tokenizer_info: Callable[[], Any], fin
                                       str(xgr.get_serialization_version())]).encode()).hexdigest()[:24]
     if key in _COMPILED:
         return _COMPILED[key]
-    info = tokenizer_info()
+    info = _tokenizer_info(tokenizer_info, fingerprint)
     path = cache_root(cache_dir) / "grammars" / f"{key}.json"
     with build_lock(path, "compiled grammar"):
         result = None
@@ -553,7 +575,7 @@ def compiled_for(grammar: ProgramGrammar, tokenizer_info: Callable[[], Any], fin
             import time
 
             start = time.perf_counter()
-            result = xgr.GrammarCompiler(info, cache_enabled=False).compile_grammar(grammar._xgr_grammar())
+            result = _compiler(tokenizer_info, fingerprint).compile_grammar(grammar._xgr_grammar())
             log.info("compiled the %s grammar (%d rules) in %.1f s", grammar.fmt, len(grammar._r.rules),
                      time.perf_counter() - start)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -562,3 +584,42 @@ def compiled_for(grammar: ProgramGrammar, tokenizer_info: Callable[[], Any], fin
             tmp.replace(path)
     _COMPILED[key] = result
     return result
+
+
+def compiled_text(grammar: ProgramGrammar, ebnf: str, tokenizer_info: Callable[[], Any], fingerprint: str,
+                  cache_dir: str | Path | None = None) -> Any:
+    """The grammar text one request decodes under (``cbr2.llm.base.request_grammar``), compiled by
+    xgrammar for one vocabulary.
+
+    ``grammar.ebnf`` itself is the KB grammar's compiled form (``compiled_for``: memory, disk, or
+    compiled once). Any other text, a question's ``grounded_ebnf``, is compiled now by the
+    vocabulary's compiler (kept per process with its cache, ``COMPILER_CACHE_BYTES``): about 0.02 s
+    per question of mini-kqapro for Qwen2.5's vocabulary, against seconds of decoding, so it is
+    not written to disk.
+
+    Args:
+        grammar: The run's grammar (``ebnf`` is its own text or one of its ``grounded_ebnf``).
+        ebnf: The request's grammar text.
+        tokenizer_info: Builds the ``xgrammar.TokenizerInfo`` of the vocabulary (called once per process).
+        fingerprint: Changes whenever the token masks would (vocabulary, special and stop tokens).
+        cache_dir: Cache root of the KB grammar's compiled form (``retrieval.cache_dir`` semantics).
+    """
+    if ebnf == grammar.ebnf:
+        return compiled_for(grammar, tokenizer_info, fingerprint, cache_dir)
+    return _compiler(tokenizer_info, fingerprint).compile_grammar(ebnf)
+
+
+def _tokenizer_info(build: Callable[[], Any], fingerprint: str) -> Any:
+    if fingerprint not in _TOKENIZERS:
+        _TOKENIZERS[fingerprint] = build()
+    return _TOKENIZERS[fingerprint]
+
+
+def _compiler(tokenizer_info: Callable[[], Any], fingerprint: str) -> Any:
+    """The vocabulary's xgrammar compiler, one per process and fingerprint."""
+    if fingerprint not in _COMPILERS:
+        import xgrammar as xgr
+
+        _COMPILERS[fingerprint] = xgr.GrammarCompiler(_tokenizer_info(tokenizer_info, fingerprint),
+                                                      cache_limit_bytes=COMPILER_CACHE_BYTES)
+    return _COMPILERS[fingerprint]

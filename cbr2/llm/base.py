@@ -41,7 +41,7 @@ def prompt_seed(seed: int, text: str) -> int:
 
 @runtime_checkable
 class Backend(Protocol):
-    """What the evaluation loop (``cbr2.evaluation.runner``) asks of a program generator.
+    """What the evaluation loop (``cbr2.run.runner``) asks of a program generator.
 
     A backend is any object with these three methods and a ``capabilities`` class attribute
     (structural typing: the backends share helpers, not a base class). ``make_backend`` builds

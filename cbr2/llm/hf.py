@@ -69,8 +69,9 @@ class HFBackend:
 
     name = "hf"
     capabilities = frozenset({"constrained"})
-    """The grammar masks each token, draft tokens included; no per-question grounded layer or
-    execution-guided choice (``llamacpp`` and ``vllm`` have them)."""
+    """The grammar masks each token, draft tokens included. No grounded decoding: the decoder takes
+    the run's one compiled grammar, where ``llamacpp`` and ``vllm`` decode a grounded prompt under
+    its own (``request_grammar``)."""
 
     def __init__(self, cfg: LLMConfig, reuse_prefix: bool = True, batched: bool | None = None, lookup: int = 10,
                  grammar: Any = None):

@@ -13,7 +13,11 @@ Jinja, as transformers does, so ``render`` shows the exact text that is tokenize
 
 Constrained decoding (``generation.constrained``) masks the logits with xgrammar before every
 token, through llama-cpp-python's logits processors: the same grammar, compiled for the GGUF
-vocabulary, that the ``hf`` backend uses.
+vocabulary, that the ``hf`` backend uses. A prompt with grounded decoding's candidates
+(``generation.grounded``) decodes under its own grammar, the text vLLM gets for it
+(``cbr2.llm.base.request_grammar``: ``ProgramGrammar.grounded_ebnf``), compiled for the GGUF
+vocabulary before its first token (``cbr2.generation.grammar.compiled_text``; about 0.02 s per
+question of mini-kqapro, against seconds of decoding).
 
 ``llama_cpp`` is imported inside the methods that need it.
 """
@@ -31,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from cbr2.common.console import did_you_mean
 from cbr2.common.errors import ConfigError
 from cbr2.common.records import Completion, Prompt
-from cbr2.llm.base import cut_at_stop, decoding_identity, prompt_seed, stop_strings, token_cap
+from cbr2.llm.base import cut_at_stop, decoding_identity, prompt_seed, request_grammar, stop_strings, token_cap
 from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, gguf_fingerprint, gguf_path
 
 if TYPE_CHECKING:
@@ -79,7 +83,7 @@ class _GrammarMask:
     next one; the matcher is fed the generated tokens it has not seen yet.
     """
 
-    def __init__(self, compiled: Any, n_prompt: int, n_vocab: int, eos: int, grounded: Any = None):
+    def __init__(self, compiled: Any, n_prompt: int, n_vocab: int, eos: int):
         import xgrammar as xgr
 
         self.matcher = xgr.GrammarMatcher(compiled)
@@ -88,8 +92,6 @@ class _GrammarMask:
         self.fed = 0
         self.error: str | None = None
         """Why decoding left the grammar, if it did (``raise_if_failed``)."""
-        self.grounded = grounded
-        """The question's ``GroundedMask`` (``generation.grounded``), applied after the grammar's."""
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import numpy as np
@@ -109,8 +111,6 @@ class _GrammarMask:
         # The bitmask is int32 words, bit i of word w allowing token 32 w + i (padded past the vocabulary).
         allowed = np.unpackbits(self.bitmask.numpy().view(np.uint8), bitorder="little")[: len(scores)]
         scores[allowed == 0] = -np.inf
-        if self.grounded is not None:
-            scores = self.grounded(generated, scores)
         return scores
 
     @staticmethod
@@ -137,7 +137,7 @@ class LlamaCppBackend:
 
     name = "llamacpp"
     capabilities = frozenset({"constrained", "grounded"})
-    """The grammar and the grounded layer mask the logits token by token (``_GrammarMask``)."""
+    """The request's grammar (a grounded prompt's own) masks the logits token by token (``_GrammarMask``)."""
 
     def __init__(self, cfg: LLMConfig, grammar: Any = None):
         self.cfg = cfg
@@ -152,8 +152,7 @@ class LlamaCppBackend:
         self.n_ctx = int(DEFAULT_CONTEXT if cfg.max_model_len is None else cfg.max_model_len)
         self._vocab: Any = None
         self._llm: Any = None
-        self._compiled: Any = None
-        self._tokens: Any = None
+        self._vocabulary: tuple[Any, str] | None = None
         self.last_perf: dict[str, float] = {}
         """llama.cpp's own timings of the last prompt: prefill and decode milliseconds and tokens."""
 
@@ -177,8 +176,14 @@ class LlamaCppBackend:
         return bool(self._metadata().get("tokenizer.chat_template"))
 
     def identity(self) -> dict[str, Any]:
-        """What, beside the prompt, decides the output: the predictions-cache key (no weights read)."""
-        return decoding_identity(self.cfg, self.grammar, backend=self.name, model=self.source, chat=self.uses_chat)
+        """What, beside the prompt, decides the output: the predictions-cache key (no weights read).
+
+        Under a grammar it also says that a grounded prompt decodes under its own grammar
+        (``grounded``): the token-level layer that did so before could write other programs, so
+        the records a folder holds from it are generated again rather than reused."""
+        grounded = {"grounded": "request grammar"} if self.grammar is not None else {}
+        return decoding_identity(self.cfg, self.grammar, backend=self.name, model=self.source, chat=self.uses_chat,
+                                 **grounded)
 
     def _llama(self, **kwargs: Any) -> Any:
         try:
@@ -266,39 +271,20 @@ class LlamaCppBackend:
         llm.n_tokens = len(prefix)
 
     def _grammar_processor(self, n_prompt: int, prompt: Prompt) -> Any:
-        """A fresh logits processor list for one output under the grammar (with the prompt's
-        grounded layer when it carries one), or None without a grammar."""
+        """A fresh logits processor list for one output under the prompt's grammar (its grounded
+        grammar when it carries candidates), or None without a grammar."""
         if self.grammar is None:
             return None
         from llama_cpp import LogitsProcessorList
 
+        from cbr2.generation.grammar import compiled_text
+
         llm = self._llm
-        if self._compiled is None:
-            self._compiled = _compile(self.grammar, llm)
-        grounded = None
-        if prompt.grounding:
-            from cbr2.generation.grounded import GroundedMask
-
-            grounded = GroundedMask(self._token_table(), dict(prompt.grounding), self._detokenize, self.grammar.fmt)
-        return LogitsProcessorList([_GrammarMask(self._compiled, n_prompt, llm.n_vocab(), llm.token_eos(), grounded)])
-
-    def _detokenize(self, ids: Sequence[int]) -> str:
-        return self._llm.detokenize([int(i) for i in ids]).decode("utf-8", errors="replace")
-
-    def _token_table(self) -> Any:
-        """The vocabulary's token texts for grounded decoding (built once; partial UTF-8 tokens left out)."""
-        if self._tokens is None:
-            from cbr2.generation.grounded import TokenTable
-
-            llm = self._llm
-            texts = []
-            for i in range(llm.n_vocab()):
-                try:
-                    texts.append(llm.detokenize([i]).decode("utf-8"))
-                except UnicodeDecodeError:
-                    texts.append(None)
-            self._tokens = TokenTable(texts)
-        return self._tokens
+        if self._vocabulary is None:
+            self._vocabulary = _vocabulary(llm)
+        compiled = compiled_text(self.grammar, request_grammar(self.grammar, prompt), *self._vocabulary,
+                                 self.grammar.cache_dir)
+        return LogitsProcessorList([_GrammarMask(compiled, n_prompt, llm.n_vocab(), llm.token_eos())])
 
     def generate(self, prompts: Sequence[Prompt],
                  on_result: Callable[[int, Completion], None] | None = None) -> list[Completion]:
@@ -373,12 +359,12 @@ def _render_chat(template: str, prompt: Prompt, special: dict[str, str]) -> str:
                                             enable_thinking=False, **special)
 
 
-def _compile(grammar: Any, llm: Any) -> Any:
-    """The grammar compiled for the GGUF vocabulary (cached like the ``hf`` backend's)."""
+def _vocabulary(llm: Any) -> tuple[Callable[[], Any], str]:
+    """What compiles a grammar for the GGUF vocabulary (``cbr2.generation.grammar.compiled_text``):
+    a builder of its ``xgrammar.TokenizerInfo`` and its fingerprint (the KB grammar's disk cache
+    is shared with every run of the same vocabulary)."""
     import llama_cpp
     import xgrammar as xgr
-
-    from cbr2.generation.grammar import compiled_for
 
     n_vocab = llm.n_vocab()
     vocab = llm._model.vocab
@@ -389,5 +375,4 @@ def _compile(grammar: Any, llm: Any) -> Any:
     for piece in pieces:
         digest.update(len(piece).to_bytes(4, "little") + piece)
     fingerprint = f"llamacpp\x00{digest.hexdigest()}\x00{stops}"
-    return compiled_for(grammar, lambda: xgr.TokenizerInfo(pieces, xgr.VocabType.RAW, vocab_size=n_vocab,
-                                                           stop_token_ids=stops), fingerprint, grammar.cache_dir)
+    return (lambda: xgr.TokenizerInfo(pieces, xgr.VocabType.RAW, vocab_size=n_vocab, stop_token_ids=stops)), fingerprint

@@ -19,8 +19,8 @@ whose GGUF is converted once into an fp32 transformers folder (vLLM has no GGUF 
 
 The method's decoding goes through vLLM's structured outputs, one grammar per request: the run's
 grammar (``generation.constrained``), or for a prompt that carries candidates its grounded form
-(``generation.grounded``: ``ProgramGrammar.grounded_ebnf``, the meaning of the ``llamacpp``
-backend's token-level layer).
+(``generation.grounded``: ``ProgramGrammar.grounded_ebnf``, which the ``llamacpp`` backend
+compiles for its GGUF vocabulary too).
 
 ``vllm`` (and ``torch``/``transformers``) are imported only when needed: ``identity`` needs
 nothing, ``render`` needs only the model's tokenizer (chat mode), and the engine, which loads

@@ -3,7 +3,7 @@ of entity linking, and the merge of these blocks over shards.
 
 The structural retriever validates on ``sketch_hit_at_k`` while it trains (``cbr2.structural``);
 a run reports ``retrieval_metrics`` and ``linking_metrics`` in ``metrics.json``'s ``retrieval``
-block (``cbr2.evaluation``), and a sharded run's blocks merge with ``merge_retrieval``
+block (``cbr2.run.runner``), and a sharded run's blocks merge with ``merge_retrieval``
 (``cbr2.cluster.merge``). The metrics of the answers are ``cbr2.evaluation.metrics``'.
 """
 

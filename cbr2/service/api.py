@@ -18,7 +18,7 @@ none), builds the retriever, the prompt's reach, the grammar, the backend and th
 LLM's weights load with the first question (``Backend.generate``) and stay.
 
 A question is text only: it goes through the evaluation's own stages
-(``cbr2.evaluation.runner``: ``Retriever.retrieve`` of ``Query(id, text)``, ``build_prompts``,
+(``cbr2.run.runner``: ``Retriever.retrieve`` of ``Query(id, text)``, ``build_prompts``,
 ``Answerer.answer``, which generates, scores and corrects exactly as a run does). No gold
 program or answer exists for it, so nothing is judged: its trace has ``gold`` None and
 ``correct`` None, and ``ok`` says whether a program ran to an answer.
@@ -51,11 +51,11 @@ from cbr2.config import Config, compose
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.questions import Question
 from cbr2.evaluation.records import is_pending
-from cbr2.evaluation.runner import Answerer, build_prompts, prepare, reach_of, retrieves
 from cbr2.evaluation.trace import TRACE_VERSION, build_trace
 from cbr2.kopl.text import to_text
 from cbr2.retrieval.cases import Query
 from cbr2.retrieval.retriever import CASE_MODES, Retrieved, Retriever
+from cbr2.run.runner import Answerer, build_prompts, prepare, reach_of, retrieves
 from cbr2.structural.on_demand import case_views_for
 
 log = logging.getLogger(__name__)

@@ -270,7 +270,7 @@ def render_page(info: dict[str, Any], example: str | None = None) -> tuple[str, 
     Returns:
         ``(html, content_security_policy)``.
     """
-    from cbr2.evaluation.browser import asset, embed_json
+    from cbr2.report.browser import asset, embed_json
 
     script = asset("common.js") + page_asset("page.js")
     style = asset("browser.css") + page_asset("page.css")

@@ -1,6 +1,6 @@
 """What a comparison of runs looks like: the ablation table as Markdown and a bar chart.
 
-``render_table`` writes the numbers ``cbr2.evaluation.compare.table_data`` computes in the layout
+``render_table`` writes the numbers ``cbr2.report.compare.table_data`` computes in the layout
 of the paper's Table 5 (``ablation.md``); ``percent_bars`` draws a grouped bar chart of
 percentages (matplotlib, imported when a chart is drawn), as ``compare.plot_per_category`` draws
 Hits@1 per category (``per_category.png``, like the paper's Figure 5); ``size_lines`` draws values

@@ -3,7 +3,7 @@
 metrics, report and W&B (``run_folder.finish_run``).
 
 Which questions are judged is ``cbr2.evaluation.selection``'s; the folder, its config check,
-provenance and the predictions cache are ``cbr2.evaluation.run_folder``'s.
+provenance and the predictions cache are ``cbr2.run.run_folder``'s.
 
 ``predictions.jsonl`` is appended (and flushed) as answers come, so a crashed or interrupted
 run resumes where it stopped: questions already in the file are not generated again.
@@ -32,16 +32,7 @@ from cbr2.common.records import PROMPT_TOO_LONG, Completion, Prediction, Prompt
 from cbr2.config import canonical_ablation
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.questions import Question
-from cbr2.evaluation.records import append_record, is_pending
-from cbr2.evaluation.run_folder import (
-    check_same_config,
-    finish_run,
-    generation_key,
-    load_predictions,
-    output_dir,
-    provenance,
-    write_config,
-)
+from cbr2.evaluation.records import append_record, is_pending, load_predictions
 from cbr2.evaluation.scoring import score_completion, unanswered
 from cbr2.evaluation.selection import resolve_shard, select_questions, shard_of
 from cbr2.generation.canonicalize import Canonicalizer, build_canonicalizer
@@ -57,6 +48,14 @@ from cbr2.retrieval.cases import VIEWS, Query
 from cbr2.retrieval.knowledge import Knowledge
 from cbr2.retrieval.metrics import linking_metrics, retrieval_metrics
 from cbr2.retrieval.retriever import CASE_MODES, Retrieved, Retriever, check_retrieval_config
+from cbr2.run.run_folder import (
+    check_same_config,
+    finish_run,
+    generation_key,
+    output_dir,
+    provenance,
+    write_config,
+)
 from cbr2.structural.on_demand import resolve_structural
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""``python -m cbr2.evaluation.repair FOLDER``: mend a run folder that two runs wrote at once.
+"""``python -m cbr2.run.repair FOLDER``: mend a run folder that two runs wrote at once.
 
 Runs now take their folder (``common.locks.hold_folder``), so this is for folders written
 before that, or by two processes that could not see each other's lock (two machines on a file
@@ -96,7 +96,7 @@ def repair_folder(folder: str | Path) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line: ``python -m cbr2.evaluation.repair FOLDER [FOLDER ...]``."""
+    """The command line: ``python -m cbr2.run.repair FOLDER [FOLDER ...]``."""
     from cbr2.common.console import setup_logging
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,10 +1,10 @@
 """``browser.html``: a static, self-contained view of one run; ``compare.html``: the questions that
 flipped between runs.
 
-    python -m cbr2.evaluation.browser RUN_DIR...      # (re)write browser.html of finished runs
+    python -m cbr2.report.browser RUN_DIR...      # (re)write browser.html of finished runs
 
 Every evaluation and shard merge writes ``browser.html`` beside ``report.md``; ``python -m
-cbr2.evaluation.compare RUN_A RUN_B ...`` writes ``compare.html`` beside ``ablation.md``. Both are one file
+cbr2.report.compare RUN_A RUN_B ...`` writes ``compare.html`` beside ``ablation.md``. Both are one file
 each: the data embedded as JSON in ``<script type="application/json">`` blocks, vanilla JS and
 inline CSS, no URL outside the folder, so they work from ``file://`` with no server and no network.
 The JS and CSS are package data in ``browser_assets/`` (``common.js`` then ``browser.js`` or
@@ -47,8 +47,8 @@ from cbr2.common.files import write_atomic
 from cbr2.evaluation.errors import CLASSES, classify
 from cbr2.evaluation.metrics import ERROR_KINDS, judged
 from cbr2.evaluation.records import load_records, utf8_json
-from cbr2.evaluation.run_report import run_title
 from cbr2.evaluation.trace import build_trace
+from cbr2.report.run_report import run_title
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def _records(path: Path) -> dict[str, dict[str, Any]]:
         return {}
     for first, later, qid in conflicts:
         log.warning("browser: %s: lines %d and %d both hold %r; the page shows the first "
-                    "(`python -m cbr2.evaluation.repair FOLDER` settles it)", path, first, later, qid)
+                    "(`python -m cbr2.run.repair FOLDER` settles it)", path, first, later, qid)
     return out
 
 
@@ -113,7 +113,7 @@ def _run_context(run_dir: Path, bench: Any, case_ids: set[str], selection: Seque
         cfg = OmegaConf.load(run_dir / "config.yaml")
         if bench is None:
             bench = Benchmark.from_config(cfg.data)
-        if selection is None:  # a folder read on its own (python -m cbr2.evaluation.browser)
+        if selection is None:  # a folder read on its own (python -m cbr2.report.browser)
             selection = select_questions(bench, cfg)
         index = {q.qid: i for i, q in enumerate(selection)}
         questions = {q.qid: question_record(q) for q in selection}
@@ -411,8 +411,8 @@ def write_compare(run_dirs: Sequence[str | Path], out_dir: str | Path, labels: S
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m cbr2.evaluation.browser RUN_DIR...``: (re)write each run's ``browser.html``."""
-    parser = argparse.ArgumentParser(prog="python -m cbr2.evaluation.browser", description=__doc__,
+    """``python -m cbr2.report.browser RUN_DIR...``: (re)write each run's ``browser.html``."""
+    parser = argparse.ArgumentParser(prog="python -m cbr2.report.browser", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders")
     args = parser.parse_args(argv)

@@ -2,14 +2,14 @@
 
 Usage::
 
-    python -m cbr2.evaluation.compare RUN_DIR... [--out DIR] [--title T]
+    python -m cbr2.report.compare RUN_DIR... [--out DIR] [--title T]
 
 Each ``RUN_DIR`` is an evaluation output folder holding ``metrics.json``. Writes
 ``DIR/ablation.md`` (also printed), ``DIR/ablation.json``, ``DIR/per_category.png``, for KQA Pro
 runs ``DIR/reasoning_types.png`` (the paper's Figure 5 layout) and, for two
 or more runs, ``DIR/compare.html``; for runs of two or more models, ``DIR/ladder.md``, ``ladder.json`` and
 ``ladder.png`` (each setting's Hits@1 against model size, ``ladder_data``) (the questions that flipped between the table's first run and
-each other one, side by side; ``cbr2.evaluation.browser``).
+each other one, side by side; ``cbr2.report.browser``).
 
 Honesty rules that live here:
 * runs of different benchmarks or splits are refused: one table would mix incomparable numbers;
@@ -31,10 +31,11 @@ from typing import Any
 from cbr2.common.errors import UserError
 from cbr2.config import ABLATION_TABLE, canonical_ablation
 from cbr2.data.questions import KQAPRO_ABBREVIATIONS, KQAPRO_CATEGORIES, KQAPRO_REASONING_TYPES, METAQA_CATEGORIES
-from cbr2.evaluation.figures import cell, percent_bars, render_table, size_lines
 from cbr2.evaluation.metrics import ANSWER_COMPARISON
-from cbr2.evaluation.run_report import pct
+from cbr2.evaluation.records import load_predictions
 from cbr2.llm.packaged import DEFAULT_MODEL
+from cbr2.report.figures import cell, percent_bars, render_table, size_lines
+from cbr2.report.run_report import pct
 
 _RANK = {a.name: i for i, a in enumerate(ABLATION_TABLE)}
 """A run's ``ablation`` (its provenance's setting name) → its row in Table 5 (``config.ABLATION_TABLE``)."""
@@ -350,8 +351,6 @@ def table_data(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def _correctness(run: dict[str, Any]) -> dict[str, bool]:
     """Question id → correct, from the run's ``predictions.jsonl`` (read once per run)."""
     if "_correct" not in run:
-        from cbr2.evaluation.run_folder import load_predictions
-
         path = Path(run["dir"]) / "predictions.jsonl"
         records = load_predictions(path) if path.is_file() else {}
         run["_correct"] = {qid: bool(rec.get("correct")) for qid, rec in records.items()}
@@ -517,7 +516,7 @@ def plot_reasoning_types(runs: Sequence[dict[str, Any]], path: str | Path, title
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: tabulate and plot runs; 0 on success, 2 on refused input."""
-    parser = argparse.ArgumentParser(prog="python -m cbr2.evaluation.compare",
+    parser = argparse.ArgumentParser(prog="python -m cbr2.report.compare",
                                      description="Ablation table (paper's Table 5 layout) and per-category chart.")
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="evaluation output folders (with metrics.json)")
     parser.add_argument("--out", default="outputs/report", help="where to write the report (default: %(default)s)")
@@ -548,7 +547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot_ladder(ladder, out / "ladder.png", title=args.title)
         wrote += [out / "ladder.md", out / "ladder.json", out / "ladder.png"]
     if len(runs) > 1:  # the first row of the table (the full run when there is one) against each other run
-        from cbr2.evaluation.browser import write_compare
+        from cbr2.report.browser import write_compare
 
         ordered = labelled(runs)
         wrote.append(write_compare([r["dir"] for r in ordered], out, [r["label"] for r in ordered], title=args.title))

@@ -13,7 +13,7 @@ function sideCell(s) {
 app.append(el("header", {}, el("h1", {}, DATA.title),
   el("p", {class: "summary"}, "Questions that flipped between the base run (first) and each other run; each run's own page (browser.html) has every question."),
   el("ul", {}, R.map(r => el("li", {}, el("a", {href: r.href}, r.label), " · Hits@1 " + pct(r["hits@1"]) + " · n = " + show(r.n),
-    r.has_browser ? null : el("span", {class: "note"}, " (no browser.html yet: python -m cbr2.evaluation.browser " + r.dir + ")"))))));
+    r.has_browser ? null : el("span", {class: "note"}, " (no browser.html yet: python -m cbr2.report.browser " + r.dir + ")"))))));
 const bar = el("div", {class: "bar"});
 const cats = [...new Set(DATA.pairs.flatMap(p => p.flips.map(f => f.category)))].sort();
 const [catLab, cat] = select("category", "category", cats);

@@ -2,11 +2,11 @@
 
 * ``output_dir`` names the folder; ``check_same_config`` refuses to mix two configurations'
   predictions in one; ``config.yaml`` records the resolved configuration.
-* ``predictions.jsonl`` doubles as the predictions cache: ``load_predictions`` reads it back, and
+* ``predictions.jsonl`` doubles as the predictions cache: ``records.load_predictions`` reads it back, and
   a record is reused when its ``prompt_hash`` and ``generation_key`` equal the current run's.
-* ``finish_run`` writes the results (``metrics.json``, ``report.md``, ``browser.html``) and logs
-  the run to W&B; an evaluation and the shard merge both end there, so a merged run's files
-  are written by the same code as an unsharded one's.
+* ``finish_run`` writes the results (``metrics.json``, then ``report.md``, ``browser.html`` and the
+  W&B run by the writers of ``cbr2.report``); an evaluation and the shard merge both end there, so
+  a merged run's files are written by the same code as an unsharded one's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -31,13 +31,12 @@ from cbr2.common.records import Prediction
 from cbr2.config import ablation_slug, setting_of
 from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import Question
-from cbr2.evaluation.browser import write_browser
-from cbr2.evaluation.metrics import finish_metrics, judged
-from cbr2.evaluation.records import load_records, record_line
-from cbr2.evaluation.run_report import write_report
+from cbr2.evaluation.metrics import finish_metrics
 from cbr2.evaluation.selection import categories_of, selection_provenance, whole_split
-from cbr2.evaluation.tracking import log_evaluation
 from cbr2.generation.prompt import FALLBACK_VERSION, PROMPT_VERSION
+from cbr2.report.browser import write_browser
+from cbr2.report.run_report import write_report
+from cbr2.report.tracking import log_evaluation
 
 log = logging.getLogger(__name__)
 
@@ -176,31 +175,6 @@ def generation_key(section: DictConfig, backend: Any) -> str:
     if section.fallback:
         ident["fallback_version"] = FALLBACK_VERSION
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def load_predictions(path: Path, repair: bool = False) -> dict[str, Prediction]:
-    """The prediction records of a run folder's ``predictions.jsonl`` by question id
-    (``records.load_records``: what a resumed run, a merge and a comparison read), each judged
-    by the current answer comparison (``metrics.judged``).
-
-    Args:
-        path: The file.
-        repair: The writer's read before it appends: a damaged last line is cut, and when a
-            record's verdict was taken by an earlier comparison, the file is rewritten with the
-            records as judged now, so that its ``correct`` fields agree with ``metrics.json``.
-
-    Raises:
-        UserError: As ``records.load_records``.
-    """
-    # The reader checks only that a line is an object with an id; the runner wrote it as a Prediction.
-    found = cast(dict[str, Prediction], load_records(path, repair=repair))
-    records = {qid: judged(record) for qid, record in found.items()}
-    changed = sum(records[qid] != found[qid] for qid in found)
-    if repair and changed:
-        log.info("%s: %d cached predictions judged again by the current answer comparison; file rewritten",
-                 path, changed)
-        write_atomic(path, "".join(record_line(r) + "\n" for r in records.values()))
-    return records
 
 
 SUBMISSION = "predict.txt"
