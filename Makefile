@@ -182,7 +182,7 @@ $(GPU_VENV)/.installed: $(GPU_VENV)/.pyproject $(GPU_VENV)/.stack
 # What a GPU user runs first (docs/cluster.md), with the GPU venv's python (SMOKE_PY=... for
 # another): pytest, the data, the structural checkpoint and the weights, then CUDA, vLLM, FAISS's
 # GPUs and GPU memory against the model and llm.max_model_len; then the vllm tier and a few
-# questions of configs/paper.yaml (python -m cbr2.llm.smoke --help).
+# questions of configs/paper.yaml (python -m cbr2.cluster.smoke --help; cbr2 smoke).
 SMOKE_PY ?= $(GPY)
 smoke-gpu:
-	$(SMOKE_PY) -m cbr2.llm.smoke $(ARGS)
+	$(SMOKE_PY) -m cbr2.cluster.smoke $(ARGS)

@@ -80,7 +80,7 @@ def _grammar(constrained: bool, fmt: str = "dag"):
     from cbr2.data.benchmarks import Benchmark
     from cbr2.generation.grammar import ProgramGrammar
 
-    return ProgramGrammar(Benchmark("mini-kqapro").kb.vocabulary, fmt)
+    return ProgramGrammar(Benchmark("mini-kqapro").kb.vocabulary, fmt).record()
 
 
 def worker(engine: str, prompts_file: str, out_file: str, model: str, max_new_tokens: int, constrained: bool) -> None:

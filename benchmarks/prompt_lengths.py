@@ -37,7 +37,7 @@ def main(overrides: list[str]) -> dict:
     retrieved = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint).retrieve(
         [Query(q.qid, q.question) for q in questions])
     prompts = build_prompts(cfg.prompt, cfg.generation, questions, {q.qid: r for q, r in zip(questions, retrieved)})
-    backend = make_backend(cfg.llm, questions, program_format=cfg.prompt.format)
+    backend = make_backend(cfg.llm, {q.qid: q.program for q in questions}, program_format=cfg.prompt.format)
     sizes = sorted(((len(backend.tokenize(backend.render(p))), q.qid, q.category) for p, q in zip(prompts, questions)),
                    reverse=True)
     lengths = [n for n, _, _ in sizes]

@@ -23,7 +23,6 @@ import time
 from cbr2.config import CONFIG_DIR, Config, TrainConfig, load_config
 from cbr2.data.benchmarks import Benchmark
 from cbr2.kb.triples import fact_triples
-from cbr2.retrieval.cache import EmbeddingStore
 from cbr2.retrieval.cases import Query
 from cbr2.retrieval.encoders import encode, load_encoder
 from cbr2.retrieval.index import INDEX_KINDS, build_index, search
@@ -59,9 +58,8 @@ def retrieval_speed(args) -> None:
         print(f"  index build {kind:5s} {1000 * build_s:8.1f} ms")
 
     with tempfile.TemporaryDirectory() as cache:
-        store = EmbeddingStore(cache)
-        retriever, cold_s = _timed(lambda: Retriever(bench, cfg.retrieval, structural, store=store))
-        _, warm_s = _timed(lambda: Retriever(bench, cfg.retrieval, structural, store=store))
+        retriever, cold_s = _timed(lambda: Retriever(bench, cfg.retrieval, structural, cache_dir=cache))
+        _, warm_s = _timed(lambda: Retriever(bench, cfg.retrieval, structural, cache_dir=cache))
     print(f"  retriever setup (encode + index KB and pool): cold cache {cold_s:.1f} s, warm cache {warm_s:.2f} s")
 
     q_emb = {view: encode(m, [q.text for q in queries], cfg.retrieval.batch_size) for view, (_, m) in

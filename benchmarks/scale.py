@@ -435,12 +435,11 @@ def _encoder_stages(stage, state: dict, folder: Path, stages: list[str], sample:
         from cbr2.data.benchmarks import Benchmark
         from cbr2.generation.canonicalize import build_canonicalizer
         from cbr2.kopl.grounding import SLOT_KINDS, slot_items
-        from cbr2.retrieval.cache import EmbeddingStore
 
         bench = Benchmark("kqapro", folder)
         bench.__dict__["kb"] = kb
         with tempfile.TemporaryDirectory() as cache, stage("canonicaliser build (cold cache)") as row:
-            build_canonicalizer(cfg, bench, EmbeddingStore(cache))
+            build_canonicalizer(cfg, bench, cache)
             row["items"] = sum(len(slot_items(kb.vocabulary, k)) for k in SLOT_KINDS)
 
 
@@ -554,7 +553,8 @@ def _index_stages(stage, state: dict, questions, model, vectors: str, rng, n_sam
 
 
 def _grammar_stages(stage, kb) -> None:
-    from cbr2.generation.grammar import Bounds, ProgramGrammar, compiled
+    from cbr2.generation.grammar import Bounds, ProgramGrammar
+    from cbr2.llm.xgrammar_masks import compiled
 
     with stage("grammar build (EBNF)") as row:
         grammar = ProgramGrammar(kb.vocabulary, "dag", Bounds())
@@ -571,7 +571,7 @@ def _grammar_stages(stage, kb) -> None:
             row["note"] = f"n/a: no tokenizer ({type(err).__name__}: {err})"[:200]
         return
     with tempfile.TemporaryDirectory() as cache, stage("grammar compile (xgrammar, cold)") as row:
-        compiled(grammar, tokenizer, cache_dir=cache)
+        compiled(grammar.ebnf, tokenizer, cache_dir=cache)
         row["tokenizer_tokens"] = len(tokenizer)
 
 

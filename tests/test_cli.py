@@ -85,7 +85,8 @@ def _entry_point(script):
     return importlib.import_module(f"cbr2.cli.{Path(script).stem}")
 
 
-@pytest.mark.parametrize("script, runs", [("evaluate.py", "run_evaluation"), ("train.py", "train")])
+@pytest.mark.parametrize("script, runs", [("evaluate.py", "cbr2.cli.evaluate.run_evaluation"),
+                                         ("train.py", "cbr2.structural.train.train")])  # imported when training starts
 def test_a_user_error_is_one_line_and_anything_else_shows_its_traceback(script, runs, monkeypatch, capsys):
     from cbr2.common.errors import SetupError, UserError
     from cbr2.config import ConfigError
@@ -102,11 +103,11 @@ def test_a_user_error_is_one_line_and_anything_else_shows_its_traceback(script, 
 
     for error in (ConfigError("eval.limit=0: too small"), DataError("train.json: [3].answer: missing"),
                   SetupError("llm.model=x needs the package y"), UserError("the folder holds another run")):
-        monkeypatch.setattr(module, runs, raising(error))
+        monkeypatch.setattr(runs, raising(error))
         assert module.main([]) == 2
         assert capsys.readouterr().err.splitlines() == [f"error: {error}"]
     for bug in (ValueError("a library's own ValueError"), OSError("disk full"), KeyError("x")):
-        monkeypatch.setattr(module, runs, raising(bug))
+        monkeypatch.setattr(runs, raising(bug))
         with pytest.raises(type(bug)):  # not turned into exit code 2: the traceback shows where it came from
             module.main([])
 

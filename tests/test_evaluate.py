@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 from conftest import to_old_schema
@@ -271,6 +272,27 @@ def test_a_setting_the_backend_cannot_decode_stops_the_run_before_retrieval(tmp_
     # Grounded decoding is asked only where it acts: without linking no prompt carries candidates.
     metrics = run_evaluation(load_config([*base, *NO_RETRIEVAL, "retrieval.link=false"]))
     assert metrics["n"] == 2 and fake_backend.grammar is not None
+
+
+def test_the_backend_gets_the_grammar_as_data_and_each_grounded_prompt_its_own_text(tmp_path, fake_backend):
+    """Under the defaults (constrained, grounded, linking) the run hands the backend the grammar as a
+    record, each grounded prompt with its own grammar text, and the cache root; the records' prompt
+    hashes are those of the prompts as built, whatever text rides along."""
+    from cbr2.data.benchmarks import Benchmark
+    from cbr2.generation.grammar import build_grammar
+    from cbr2.generation.prompt import prompt_hash
+
+    cfg = load_config([f"output_dir={tmp_path / 'run'}", "llm.backend=fake", "eval.limit=6", "wandb.mode=disabled",
+                       "retrieval.cases=random", f"cache_dir={tmp_path / 'cache'}"])  # links without an encoder
+    run_evaluation(cfg)
+    grammar = build_grammar(cfg, Benchmark("mini-kqapro"))
+    assert fake_backend.grammar == grammar.record()
+    grounded = [p for p in fake_backend.prompts if p.grounding]
+    assert grounded and all(p.grammar == grammar.grounded_ebnf(dict(p.grounding)) for p in grounded)
+    assert all(p.grammar is None for p in fake_backend.prompts if not p.grounding)
+    hashes = {r["id"]: r["prompt_hash"] for r in map(json.loads, (tmp_path / "run" / "predictions.jsonl").open())}
+    assert all(hashes[p.qid] == prompt_hash(replace(p, grammar=None)) for p in fake_backend.prompts)
+    assert (tmp_path / "cache" / "kb").is_dir()  # the KB store under the configured cache root
 
 
 def test_records_of_older_runs_with_fields_no_longer_written_are_read_as_they_are(tmp_path, fake_backend):

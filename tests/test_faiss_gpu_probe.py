@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import torch
 
+from cbr2.cluster import smoke
 from cbr2.common import devices
 from cbr2.common.devices import check_devices, faiss_gpu_problem, probe
 from cbr2.common.errors import SetupError
 from cbr2.config import Config, compose
-from cbr2.llm import smoke
 from cbr2.retrieval import index as index_module
 
 FAKE_FAISS = '''
@@ -107,8 +107,7 @@ def fake_faiss(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("faiss", package / "__init__.py")
     fake = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fake)
-    monkeypatch.setitem(sys.modules, "faiss", fake)
-    monkeypatch.setattr(index_module, "faiss", fake)
+    monkeypatch.setitem(sys.modules, "faiss", fake)  # where the functions that use FAISS import it from
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -255,15 +255,23 @@ def test_the_generation_section_keys_the_cache(fixer):
 
 
 def test_canonicalize_and_constrained_reach_scoring_and_the_backend(tmp_path, fixer, monkeypatch):
-    built = []
+    from cbr2.generation.grammar import build_grammar
+
+    built, grammars = [], []
+
+    def grammar(cfg, bench):
+        built.append("grammar")
+        grammars.append(build_grammar(cfg, bench))
+        return grammars[-1]
+
     monkeypatch.setattr("cbr2.run.runner.build_canonicalizer",
-                        lambda cfg, bench: built.append("canon") or Canonicalizer(bench.kb.vocabulary))
-    monkeypatch.setattr("cbr2.run.runner.build_grammar",
-                        lambda cfg, bench: built.append("grammar") or "the grammar")
+                        lambda cfg, bench, cache_dir: built.append("canon") or Canonicalizer(bench.kb.vocabulary))
+    monkeypatch.setattr("cbr2.run.runner.build_grammar", grammar)
     fixer.script = lambda q, i: typo(q)
     out = tmp_path / "run"
     metrics = evaluate(out, "generation.canonicalize=true", "generation.constrained=true", "generation.fallback=true")
-    assert built == ["grammar", "canon"] and fixer.grammar == "the grammar"
+    # The backend gets the grammar as data (its text, bound and identity), not the generator.
+    assert built == ["grammar", "canon"] and fixer.grammar == grammars[0].record()
     records = records_of(out)
     snapped = [r for r in records if any(c["snapped"] for c in r["single_pass"]["canonicalized"])]
     assert snapped and all(r["single_pass"]["correct"] and r["fallback"] == {"fired": False} for r in snapped)

@@ -9,8 +9,7 @@ import pytest
 
 from cbr2.config import load_config
 from cbr2.data.benchmarks import Benchmark
-from cbr2.generation import grammar as grammar_module
-from cbr2.generation.grammar import Bounds, ProgramGrammar, build_grammar, compiled
+from cbr2.generation.grammar import Bounds, ProgramGrammar, build_grammar
 from cbr2.kb.model import Vocabulary
 from cbr2.kopl.checker import check_text
 from cbr2.kopl.text import to_text
@@ -144,26 +143,50 @@ def test_build_grammar_follows_the_config(kqapro):
     assert g.max_bytes < ProgramGrammar(kqapro.kb.vocabulary, "chain").max_bytes
 
 
+def test_the_backends_get_the_grammar_as_data_and_a_grounded_prompt_its_own_text(kqapro):
+    from dataclasses import replace
+
+    from cbr2.common.records import Prompt
+    from cbr2.generation.prompt import prompt_hash
+
+    g = ProgramGrammar(kqapro.kb.vocabulary, "dag")
+    record = g.record()
+    assert (record.ebnf, record.max_bytes, record.identity) == (g.ebnf, g.max_bytes, g.identity())
+    plain = Prompt("q", "S", "U")
+    assert g.request_prompt(plain) is plain
+    grounded = Prompt("q", "S", "U", grounding=(("entity", ("Abuja",)),))
+    own = g.request_prompt(grounded)
+    assert own.grammar == g.grounded_ebnf({"entity": ("Abuja",)}) != g.ebnf
+    # The text rides along: what the prompt says, and so its cache key, is the same.
+    assert replace(own, grammar=None) == grounded and prompt_hash(own) == prompt_hash(grounded)
+    assert "grammar" not in repr(own)
+    # Candidates the grammar does not accept narrow nothing: the prompt decodes under the run's grammar.
+    unknown = Prompt("q", "S", "U", grounding=(("entity", ("Nowhere At All",)),))
+    assert g.request_prompt(unknown) is unknown
+
+
 @pytest.mark.slow
 def test_compiled_grammars_are_cached_on_disk(tmp_path, grammars, monkeypatch):
+    from cbr2.llm import xgrammar_masks
     from cbr2.llm.hf import HFBackend
+    from cbr2.llm.xgrammar_masks import compiled
 
     g = grammars["dag"]
     tok = HFBackend(load_config([]).llm).tokenizer()  # the packaged CPU model's tokenizer
     for cache in ("_COMPILED", "_COMPILERS", "_TOKENIZERS"):
-        monkeypatch.setattr(grammar_module, cache, {})
-    first = compiled(g, tok, cache_dir=tmp_path)
+        monkeypatch.setattr(xgrammar_masks, cache, {})
+    first = compiled(g.ebnf, tok, cache_dir=tmp_path)
     files = list((tmp_path / "grammars").glob("*.json"))
     assert len(files) == 1
 
     # A new process (empty memory caches) must not compile again: break the compiler to prove it.
     for cache in ("_COMPILED", "_COMPILERS", "_TOKENIZERS"):
-        monkeypatch.setattr(grammar_module, cache, {})
+        monkeypatch.setattr(xgrammar_masks, cache, {})
 
     class _NoCompiler:
         def __init__(self, *a, **k):
             raise AssertionError("compiled again despite the disk cache")
 
     monkeypatch.setattr(xgr, "GrammarCompiler", _NoCompiler)
-    second = compiled(g, tok, cache_dir=tmp_path)
+    second = compiled(g.ebnf, tok, cache_dir=tmp_path)
     assert second.serialize_json() == first.serialize_json()

@@ -71,9 +71,13 @@ def test_candidates_the_grammar_accepts_become_the_only_arguments(grammar, vocab
 def test_without_a_valid_candidate_the_grammar_is_the_kbs(grammar):
     assert grammar.grounded_ebnf({}) is grammar.ebnf
     assert grammar.grounded_ebnf({"entity": ("Nowhere Land",), "year": ("soon",)}) is grammar.ebnf
-    assert request_grammar(grammar, Prompt("q", "S", "U")) is grammar.ebnf
-    grounded = Prompt("q", "S", "U", grounding=(("string", ("volcano",)),))
-    assert request_grammar(grammar, grounded) == grammar.grounded_ebnf({"string": ("volcano",)}) != grammar.ebnf
+    # What a backend decodes a prompt under, as the runner hands it on (ProgramGrammar.request_prompt).
+    record = grammar.record()
+    assert request_grammar(record, grammar.request_prompt(Prompt("q", "S", "U"))) is grammar.ebnf
+    unknown = grammar.request_prompt(Prompt("q", "S", "U", grounding=(("entity", ("Nowhere Land",)),)))
+    assert unknown.grammar is None and request_grammar(record, unknown) is grammar.ebnf
+    grounded = grammar.request_prompt(Prompt("q", "S", "U", grounding=(("string", ("volcano",)),)))
+    assert request_grammar(record, grounded) == grammar.grounded_ebnf({"string": ("volcano",)}) != grammar.ebnf
 
 
 def test_free_text_kinds_keep_what_free_text_may_hold(grammar):

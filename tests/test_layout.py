@@ -29,8 +29,9 @@ publishing), locks, console, devices, the Slurm allocation, W&B mode. ``config``
 the configuration. ``kb`` is the KB model and its triples; ``kopl`` the programs and the engine
 over a KB; ``data`` reads the official files (KBs, through the KB store, and questions) and the
 benchmarks; then retrieval, the structural retriever (trained on data, encoded by retrieval),
-generation (prompt, grammar, canonicalisation, fallback), the LLM backends (which decode under
-generation's grammar); ``evaluation`` judges answers and holds what runs and reports share
+generation (prompt, grammar, canonicalisation, fallback), the LLM backends (a leaf: they import only
+common, config and kopl, ``LLM_NEEDS``, and decode under the grammar text they are handed);
+``evaluation`` judges answers and holds what runs and reports share
 (scoring, metrics, error analysis, the JSONL records, a question's trace, which questions a run
 judges); ``report`` writes what a reader sees of one run or several (report.md, the browser, the
 comparison and its charts, W&B), from records and metrics alone; ``run`` is the evaluation loop
@@ -55,17 +56,19 @@ def _type_checking_only(tree: ast.AST) -> set[int]:
     return skipped
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(typing_imports: bool = False) -> dict[str, set[str]]:
     """Module of ``cbr2`` → the modules of ``cbr2`` it imports (anywhere in its file).
 
     ``from cbr2.x import y`` points at ``cbr2.x.y`` when that is a module, else at ``cbr2.x``
-    (a name defined there). Relative imports are resolved against the importing module.
+    (a name defined there). Relative imports are resolved against the importing module. Imports
+    under ``if TYPE_CHECKING:`` count only with ``typing_imports`` (what a module names in its
+    annotations, not what it runs).
     """
     files = {_module_name(p): p for p in PACKAGE_DIR.rglob("*.py")}
     graph: dict[str, set[str]] = {name: set() for name in files}
     for name, path in files.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        skipped = _type_checking_only(tree)
+        skipped = set() if typing_imports else _type_checking_only(tree)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(tree):
             if id(node) in skipped:
@@ -178,6 +181,25 @@ def test_packages_depend_downward_only():
     upward = upward_imports(graph)
     assert not upward, ("imports of a higher layer (LAYERS: " + " < ".join(LAYERS) + "); move the code to the "
                         "layer that owns it or pass a value in:\n" + "\n".join(upward))
+
+
+LLM_NEEDS = {"common", "config", "kopl"}
+"""What the LLM backends (``cbr2.llm``) import beside themselves: the records they receive and return
+(a prompt, a completion, the run's grammar as text), their configuration section, and program text
+(the gold writer). Everything else reaches them as a value: the grammar as data, the gold programs,
+the cache root, what retrieval holds on the GPU."""
+
+
+def test_the_llm_backends_are_a_leaf():
+    graph = import_graph(typing_imports=True)  # their annotations too: the records and the config section
+    imported = {module: {package_of(t) for t in targets} - {"llm"}
+                for module, targets in graph.items() if package_of(module) == "llm"}
+    assert "cbr2.llm.xgrammar_masks" in imported and "cbr2.llm.smoke" not in imported
+    beyond = {module: sorted(packages - LLM_NEEDS) for module, packages in sorted(imported.items())
+              if packages - LLM_NEEDS}
+    assert not beyond, f"cbr2.llm imports only {sorted(LLM_NEEDS)}; beyond them: {beyond}"
+    # The gold writer is where the program text comes in; the backends read records and their section.
+    assert imported["cbr2.llm.gold"] == {"common", "kopl"} and imported["cbr2.llm.base"] == {"common", "config"}
 
 
 def unshipped(patterns: Iterable[str]) -> list[str]:

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from cbr2.common.records import Prompt
 from cbr2.config import LLMConfig, load_config
 from cbr2.llm import BACKENDS, backend_class, make_backend
-from cbr2.llm.base import FEATURES, Backend, token_cap
+from cbr2.llm.base import FEATURES, Backend, Rendering, token_cap
 
 LLM_DIR = Path(__file__).resolve().parents[1] / "cbr2" / "llm"
 
@@ -62,6 +62,38 @@ def test_make_backend_builds_the_configured_backend(fake_backend):
     assert make_backend(cfg.llm) is fake_backend and fake_backend.cfg.backend == "fake"
     gold = make_backend(load_config(["llm.backend=gold"]).llm, program_format="chain")
     assert isinstance(gold, Backend) and gold.identity() == {"backend": "gold", "format": "chain"}
+
+
+def test_make_backend_hands_each_backend_what_it_takes(tmp_path):
+    from cbr2.common.records import Grammar
+    from cbr2.data.benchmarks import Benchmark
+
+    question = Benchmark("mini-kqapro").questions("val")[0]
+    gold = make_backend(load_config(["llm.backend=gold"]).llm, {question.qid: question.program}, cache_dir=tmp_path)
+    assert gold.generate([Prompt(question.qid, "S", "U")])[0].text.startswith("r1: ")
+    grammar = Grammar('root ::= "r1: FindAll[] → Count[]"', 30, {"grammar": "g"})
+    # The backends that keep files get the cache root; a served model's client keeps none.
+    cpp = make_backend(load_config([]).llm, grammar=grammar, cache_dir=tmp_path)
+    assert cpp.cache_dir == tmp_path and cpp.grammar is grammar and cpp.max_new_tokens == 31
+    assert cpp.identity()["grammar"] == "g"
+    served = make_backend(load_config(["llm.backend=openai", "llm.model=m", "llm.base_url=http://localhost:1/v1"]).llm,
+                          grammar=grammar, cache_dir=tmp_path)
+    assert not hasattr(served, "cache_dir") and served.grammar is grammar
+    keep_files = {name for name in BACKENDS if getattr(backend_class(name), "uses_cache", False)}
+    assert keep_files == {"hf", "llamacpp", "vllm"}
+
+
+def test_every_backend_renders_with_the_one_render():
+    assert {name: backend_class(name).render for name in BACKENDS} == dict.fromkeys(BACKENDS, Rendering.render)
+    from cbr2.llm.llamacpp import LlamaCppBackend
+    from cbr2.llm.openai_compat import OpenAIBackend
+
+    prompt = Prompt("q", "SYSTEM", "USER")
+    plain = [_cheap_instances()["gold"], LlamaCppBackend(LLMConfig(chat=False)),
+             OpenAIBackend(LLMConfig(model="m", chat=False))]
+    assert [backend.render(prompt) for backend in plain] == [prompt.text] * 3
+    # A served model's messages, as they are sent (the server applies its template).
+    assert OpenAIBackend(LLMConfig(model="m")).render(prompt) == "[system]\nSYSTEM\n\n[user]\nUSER"
 
 
 def test_the_fake_backend_replies_and_records(fake_backend):

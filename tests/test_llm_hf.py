@@ -147,43 +147,49 @@ def _fake_gguf(tmp_path, content=b"GGUF fake weights"):
     return path
 
 
-def _counting_converter(calls):
+@pytest.fixture()
+def conversions(monkeypatch) -> list:
+    """The folders ``convert_gguf`` was asked to write, each written at once by a fast stand-in."""
+    calls = []
+
     def convert(gguf, out):
         calls.append(out)
         (out / "config.json").write_text("{}")
         (out / "model.safetensors").write_bytes(b"x" * 100)
-    return convert
+
+    monkeypatch.setattr(hf_convert, "convert_gguf", convert)
+    return calls
 
 
-def test_conversion_happens_once_and_is_reused(tmp_path, monkeypatch):
-    monkeypatch.setenv("CBR2_CACHE_DIR", str(tmp_path / "cache"))
+def test_conversion_happens_once_and_is_reused(tmp_path, monkeypatch, conversions):
+    monkeypatch.setenv("CBR2_CACHE_DIR", str(tmp_path / "env-cache"))
     gguf = _fake_gguf(tmp_path)
-    calls = []
-    first = hf_convert.ensure_converted(gguf, convert=_counting_converter(calls))
+    first = hf_convert.ensure_converted(gguf, tmp_path / "cache")
     assert first.parent == tmp_path / "cache" / "llm" and first.name.startswith("Fake-Model.Q4-")
-    assert hf_convert.ensure_converted(gguf, convert=_counting_converter(calls)) == first
-    assert len(calls) == 1
+    assert hf_convert.ensure_converted(gguf, tmp_path / "cache") == first
+    assert len(conversions) == 1
     # No temporary folder left; the build lock's file stays (removing it would race a waiting process).
     assert sorted(p.name for p in first.parent.iterdir() if p.suffix != ".lock") == [first.name]
     # Another GGUF (different content) gets its own folder.
-    other = hf_convert.ensure_converted(_fake_gguf(tmp_path, b"GGUF other weights"), convert=_counting_converter(calls))
-    assert other != first and len(calls) == 2
+    other = hf_convert.ensure_converted(_fake_gguf(tmp_path, b"GGUF other weights"), tmp_path / "cache")
+    assert other != first and len(conversions) == 2
+    # Without a cache root handed in, $CBR2_CACHE_DIR's.
+    assert hf_convert.ensure_converted(gguf).parent == tmp_path / "env-cache" / "llm" and len(conversions) == 3
 
 
-def test_half_written_conversion_is_not_used(tmp_path, monkeypatch):
+def test_half_written_conversion_is_not_used(tmp_path, monkeypatch, conversions):
     monkeypatch.setenv("CBR2_CACHE_DIR", str(tmp_path / "cache"))
     gguf = _fake_gguf(tmp_path)
     dest = hf_convert.converted_dir(gguf)
     dest.mkdir(parents=True)
     (dest / "config.json").write_text("{}")  # a conversion killed before its marker
-    calls = []
-    assert hf_convert.ensure_converted(gguf, convert=_counting_converter(calls)) == dest
-    assert len(calls) == 1 and hf_convert.is_converted(dest, gguf_fingerprint(gguf))
+    assert hf_convert.ensure_converted(gguf) == dest
+    assert len(conversions) == 1 and hf_convert.is_converted(dest, gguf_fingerprint(gguf))
     # A truncated weights file invalidates a folder too.
     (dest / "model.safetensors").write_bytes(b"x")
     assert not hf_convert.is_converted(dest, gguf_fingerprint(gguf))
-    hf_convert.ensure_converted(gguf, convert=_counting_converter(calls))
-    assert len(calls) == 2 and (dest / "model.safetensors").stat().st_size == 100
+    hf_convert.ensure_converted(gguf)
+    assert len(conversions) == 2 and (dest / "model.safetensors").stat().st_size == 100
 
 
 def test_failed_conversion_leaves_nothing(tmp_path, monkeypatch):
@@ -194,8 +200,9 @@ def test_failed_conversion_leaves_nothing(tmp_path, monkeypatch):
         (out / "config.json").write_text("{}")
         raise RuntimeError("killed")
 
+    monkeypatch.setattr(hf_convert, "convert_gguf", broken)
     with pytest.raises(RuntimeError, match="killed"):
-        hf_convert.ensure_converted(gguf, convert=broken)
+        hf_convert.ensure_converted(gguf)
     assert [p for p in (tmp_path / "cache" / "llm").iterdir() if p.suffix != ".lock"] == []
 
 

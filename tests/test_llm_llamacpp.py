@@ -14,8 +14,8 @@ import pytest
 from cbr2.common.records import Prompt
 from cbr2.config import LLMConfig
 from cbr2.data.benchmarks import Benchmark
-from cbr2.generation import grammar as grammar_module
 from cbr2.generation.grammar import ProgramGrammar
+from cbr2.llm import xgrammar_masks
 from cbr2.llm.llamacpp import LlamaCppBackend, resolve_gguf
 from cbr2.llm.packaged import PACKAGED, chunk_paths
 
@@ -212,15 +212,16 @@ def char_vocabulary(grammar: ProgramGrammar, extra: str = "") -> list[str]:
     return sorted(set(grammar.ebnf) | set(extra) | set(" →\n") | {chr(c) for c in range(32, 127)})
 
 
-def grammar_mask(grammar: ProgramGrammar, prompt: Prompt, texts):
-    """The ``llamacpp`` backend's logits processor for one output of ``prompt`` under ``grammar``,
-    over a ``FakeLlama`` of ``texts`` (its end token the only end-of-generation token)."""
+def grammar_mask(grammar: ProgramGrammar, prompt: Prompt, texts, cache_dir=None):
+    """The ``llamacpp`` backend's logits processor for one output of ``prompt`` under ``grammar``
+    (the prompt as the runner hands it on: with its own grammar text when grounded), over a
+    ``FakeLlama`` of ``texts`` (its end token the only end-of-generation token)."""
     pytest.importorskip("llama_cpp")
-    backend = LlamaCppBackend(cfg(), grammar=grammar)
+    backend = LlamaCppBackend(cfg(), grammar=grammar.record(), cache_dir=cache_dir)
     backend._llm = FakeLlama(texts)
     eos = backend._llm.token_eos()
     with mock.patch("llama_cpp.llama_vocab_is_eog", lambda vocab, token: token == eos):
-        (mask,) = backend._grammar_processor(0, prompt)
+        (mask,) = backend._grammar_processor(0, grammar.request_prompt(prompt))
     return mask
 
 
@@ -291,15 +292,17 @@ def test_one_compiler_per_vocabulary_and_the_kb_grammar_compiled_once(tmp_path, 
             return super().compile_grammar(grammar, **kwargs)
 
     for cache in ("_COMPILED", "_COMPILERS", "_TOKENIZERS"):
-        monkeypatch.setattr(grammar_module, cache, {})
+        monkeypatch.setattr(xgrammar_masks, cache, {})
     monkeypatch.setattr(xgr, "GrammarCompiler", Counting)
-    g = ProgramGrammar(Benchmark("mini-kqapro").kb.vocabulary, "dag", cache_dir=str(tmp_path))
+    g = ProgramGrammar(Benchmark("mini-kqapro").kb.vocabulary, "dag")
     texts = char_vocabulary(g)
     plain = Prompt("q", "S", "U")
     abuja, road = grounded_prompt({"entity": ("Abuja",)}), grounded_prompt({"entity": ("Abbey Road",)})
     for prompt in (plain, abuja, road, plain, abuja):
-        grammar_mask(g, prompt, texts)
+        grammar_mask(g, prompt, texts, cache_dir=tmp_path)
     assert len(built) == 1  # one compiler for the vocabulary, for the KB grammar and every question's
-    # The KB grammar once (then from memory), each question's grammar as it comes.
+    # The KB grammar once (then from memory, and kept under the cache root handed in), each
+    # question's grammar as it comes.
     assert [isinstance(x, str) for x in compiled] == [False, True, True, True]
     assert compiled[1] == compiled[3] == g.grounded_ebnf({"entity": ("Abuja",)})
+    assert len(list((tmp_path / "grammars").glob("*.json"))) == 1

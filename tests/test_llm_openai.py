@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import SimpleNamespace
 
 import pytest
 from omegaconf import OmegaConf
 
-from cbr2.common.records import Completion, Prompt
+from cbr2.common.records import Completion, Grammar, Prompt
 from cbr2.config import LLMConfig
 from cbr2.llm import backend_class
 from cbr2.llm.openai_compat import LLMRequestError, OpenAIBackend
@@ -311,15 +311,16 @@ def test_identity_render_and_chat_default():
     assert backend.generate([]) == []
 
 
-GRAMMAR = SimpleNamespace(ebnf='root ::= "r1: FindAll[] → Count[]"', max_bytes=99,
-                          identity=lambda: {"grammar": "abc", "format": "dag", "max_bytes": 99})
+GRAMMAR = Grammar('root ::= "r1: FindAll[] → Count[]"', 99, {"grammar": "abc", "format": "dag", "max_bytes": 99})
 
 
 def test_constrained_requests_carry_the_grammar(server):
-    OpenAIBackend(_cfg(server), grammar=GRAMMAR).generate(_prompts(1))
-    (body,) = server.bodies("/chat/completions")
-    assert body["structured_outputs"] == {"grammar": GRAMMAR.ebnf} and body["max_tokens"] == 100
-    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    own = replace(_prompts(2)[1], grammar='root ::= "r1: FindAll[] → QueryName[]"')  # a grounded prompt's
+    OpenAIBackend(_cfg(server), grammar=GRAMMAR).generate([_prompts(1)[0], own])
+    bodies = server.bodies("/chat/completions")
+    assert sorted(body["structured_outputs"]["grammar"] for body in bodies) == sorted([GRAMMAR.ebnf, own.grammar])
+    assert {body["max_tokens"] for body in bodies} == {100}  # the run grammar's bound holds for a prompt's own
+    assert all(body["chat_template_kwargs"] == {"enable_thinking": False} for body in bodies)
 
 
 def test_the_official_api_takes_no_grammar():

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from cbr2.common.records import Completion, Prompt
+from cbr2.common.records import Completion, Grammar, Prompt
 from cbr2.config import LLMConfig
 from cbr2.llm import backend_class
 from cbr2.llm import vllm as vllm_backend
@@ -327,8 +327,7 @@ def test_real_generation_with_a_small_qwen3():
     assert "paris" in got[0].text.lower()
 
 
-GRAMMAR = SimpleNamespace(ebnf='root ::= "r1: FindAll[] → Count[]"', max_bytes=99,
-                          identity=lambda: {"grammar": "abc", "format": "dag", "max_bytes": 99})
+GRAMMAR = Grammar('root ::= "r1: FindAll[] → Count[]"', 99, {"grammar": "abc", "format": "dag", "max_bytes": 99})
 
 
 def test_constrained_generation_sends_the_grammar_and_its_cap(fake_vllm, monkeypatch):
@@ -347,18 +346,6 @@ def test_constrained_generation_sends_the_grammar_and_its_cap(fake_vllm, monkeyp
     assert "structured_outputs" not in sampling_kwargs(_cfg())
 
 
-class GroundedGrammar:
-    """A grammar whose per-question form names the candidates it was given."""
-
-    ebnf, max_bytes = "root ::= kb", 99
-
-    def grounded_ebnf(self, candidates):
-        return "root ::= " + " ".join(f"{kind}={'|'.join(values)}" for kind, values in sorted(candidates.items()))
-
-    def identity(self):
-        return {"grammar": "kb"}
-
-
 @pytest.fixture
 def structured(fake_vllm):
     class StructuredOutputsParams:
@@ -374,8 +361,9 @@ def test_a_grounded_prompt_decodes_under_its_own_grammar(structured, monkeypatch
     add = FakeEngine.add_request
     monkeypatch.setattr(FakeEngine, "add_request", lambda self, rid, p, params: (sent.append((p, params)),
                                                                                    add(self, rid, p, params)))
-    grounded = Prompt("g", "SYSTEM PART", "question g\nProgram:", grounding=(("entity", ("Spain", "Peru")),))
-    backend = VLLMBackend(_cfg(chat=False, max_new_tokens=32), grammar=GroundedGrammar())
+    grounded = Prompt("g", "SYSTEM PART", "question g\nProgram:", grounding=(("entity", ("Spain", "Peru")),),
+                      grammar="root ::= entity=Spain|Peru")
+    backend = VLLMBackend(_cfg(chat=False, max_new_tokens=32), grammar=Grammar("root ::= kb", 99, {"grammar": "kb"}))
     got = backend.generate([PROMPTS[0], grounded, PROMPTS[1]])
     grammars = [params.kwargs["structured_outputs"].kwargs["grammar"] for _, params in sent]
     assert grammars == ["root ::= kb", "root ::= entity=Spain|Peru", "root ::= kb"]

@@ -1,12 +1,15 @@
-"""``python -m cbr2.llm.smoke``: each environment check fails at once, saying what to do."""
+"""``cbr2 smoke`` (``cbr2.cluster.smoke``): each environment check fails at once, saying what to do."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from cbr2.llm import smoke
+from cbr2.cluster import smoke
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_no_cuda_is_said_at_once():
@@ -31,7 +34,7 @@ def test_the_gpu_install_gets_no_faiss_cpu_and_fits_vllms_xgrammar():
     import tomllib
     from packaging.requirements import Requirement
 
-    project = tomllib.loads((smoke.ROOT / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = {k: [Requirement(r) for r in v] for k, v in project["optional-dependencies"].items()}
     # faiss-cpu and FAISS's GPU builds install the same module: only the CPU extra brings the CPU build.
     assert not any(Requirement(r).name.startswith("faiss") for r in project["dependencies"])
@@ -41,6 +44,41 @@ def test_the_gpu_install_gets_no_faiss_cpu_and_fits_vllms_xgrammar():
     # No extra holds the GPU stacks (scripts/gpu_stack.py does; tests/test_gpu_stack.py checks them).
     assert "gpu" not in extras and "faiss-gpu" not in extras
     assert "0.2.8" in extras["constrained"][0].specifier  # vLLM 0.32 and 0.33 pin xgrammar 0.2.8
+
+
+def test_the_tier_is_the_checkouts_and_an_installed_package_says_where_to_run_it(tmp_path, monkeypatch, capsys):
+    assert smoke.CHECKOUT == ROOT
+    tier = smoke.tier_files()
+    assert "tests/test_vllm_engine.py" in tier and all(name.startswith("tests/test_vllm_") for name in tier)
+    # An installation's site-packages: no project file beside the package, whatever tests/ it holds.
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_vllm_engine.py").write_text("")
+    monkeypatch.setattr(smoke, "CHECKOUT", tmp_path)
+    assert smoke.tier_files() == []
+    # There the checks skip pytest, the tier is named in one line and the evaluation runs.
+    monkeypatch.setattr(smoke, "check_cuda", lambda: "1 GPU(s): a fake")
+    for check in ("check_data", "check_vllm", "check_faiss_gpus", "check_gpu_memory"):
+        monkeypatch.setattr(smoke, check, lambda *args, name=check: name)
+    monkeypatch.setattr(smoke, "check_structural", lambda *args: "structural retriever: fake")
+    monkeypatch.setattr(smoke, "check_weights", lambda name, what, *args: f"{what} {name}: fake")
+    monkeypatch.setattr(smoke, "vllm_requirement", lambda: "vllm")
+    ran = []
+    monkeypatch.setattr(smoke.subprocess, "call", lambda cmd, cwd=None: ran.append((cmd, cwd)) or 0)
+    monkeypatch.chdir(tmp_path)
+    assert smoke.main(["--questions", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "ok  pytest" not in out and smoke.TIER_ELSEWHERE in out.splitlines()
+    assert "make test-vllm" in smoke.TIER_ELSEWHERE and "pytest -m vllm tests/test_vllm_*.py" in smoke.TIER_ELSEWHERE
+    ((cmd, cwd),) = ran
+    assert cmd[1:4] == ["-m", "cbr2.cli", "evaluate"] and "eval.limit=2" in cmd and cwd is None
+    # From the checkout: pytest checked, then the tier run in the checkout, then the same evaluation.
+    monkeypatch.setattr(smoke, "CHECKOUT", ROOT)
+    ran.clear()
+    assert smoke.main(["--questions", "2"]) == 0
+    assert "ok  pytest" in capsys.readouterr().out
+    (tier_cmd, tier_cwd), (cmd, cwd) = ran
+    assert tier_cmd[1:6] == ["-m", "pytest", "-q", "-s", "-m"] and tier_cmd[7:] == tier and tier_cwd == ROOT
+    assert cmd[1:4] == ["-m", "cbr2.cli", "evaluate"] and cwd is None
 
 
 def test_missing_weights_are_named(tmp_path, monkeypatch):
@@ -77,7 +115,7 @@ def test_on_a_cpu_machine_the_checks_run_up_to_the_first_gpu_step(monkeypatch, c
 def test_missing_data_and_structural_retriever_say_what_to_run(tmp_path):
     from cbr2.config import compose
 
-    cfg = compose(files=[str(smoke.ROOT / "configs" / "paper.yaml")],
+    cfg = compose(files=[str(ROOT / "configs" / "paper.yaml")],
                   overrides=["data.name=kqapro", f"data.root={tmp_path}", f"structural.checkpoints_dir={tmp_path}"])
     with pytest.raises(smoke.SmokeError, match=rf"^data.name=kqapro data.root={tmp_path}: .*"
                                                rf"python -m cbr2.data check {tmp_path}"):
@@ -130,7 +168,7 @@ def test_a_24_gb_gpu_holds_qwen3_8b_only_with_a_bounded_context():
     assert why and "llm.max_model_len=" in why  # 40,960 tokens of KV (5.6 GiB) do not fit beside 15.3 GiB of weights
     from cbr2.config import compose
 
-    paper = compose(files=[str(smoke.ROOT / "configs" / "paper.yaml")])
+    paper = compose(files=[str(ROOT / "configs" / "paper.yaml")])
     # The longest prompt measured in that setting (4,588 tokens, docs/cluster.md) and its new tokens fit.
     assert paper.llm.max_model_len >= 4588 + paper.llm.max_new_tokens
     assert smoke.fits(smoke.memory_plan(QWEN3_8B, paper.llm.max_model_len), free, total, 0.9) is None
@@ -277,7 +315,7 @@ def test_the_memory_check_counts_the_encoder_and_the_indexes_of_the_data_named(m
     monkeypatch.setattr(devices, "faiss_gpu_problem", lambda: None)
     monkeypatch.setattr(smoke, "model_config", lambda name: QWEN3_8B)
     minilm = "sentence-transformers/all-MiniLM-L6-v2"  # both views' encoder: one model, whatever checkpoints/ holds
-    cfg = compose(files=[str(smoke.ROOT / "configs" / "paper.yaml")],
+    cfg = compose(files=[str(ROOT / "configs" / "paper.yaml")],
                   overrides=["data.name=mini-kqapro", f"retrieval.encoder={minilm}", f"structural.checkpoint={minilm}"])
     line = smoke.check_gpu_memory(cfg)
     # The smoke's evaluation frees its indexes before the engine starts: the encoder and the margin stay.

@@ -52,9 +52,9 @@ def _engine_share(hf_beside: bool) -> float | None:
 
     if not torch.cuda.is_available():
         return None
+    from cbr2.cluster import smoke
     from cbr2.config import compose
     from cbr2.data.benchmarks import Benchmark
-    from cbr2.llm import smoke
     from cbr2.llm.vllm import VLLMBackend, memory_share
     from cbr2.retrieval.gpu_memory import retrieval_beside
 
@@ -166,9 +166,9 @@ def test_constrained_outputs_parse_and_type_check(qwen, default_prompts):
     cfg, bench, prompts = default_prompts
     grammar = build_grammar(cfg, bench)
     assert grammar is not None  # the default evaluation decodes constrained
-    qwen.grammar = grammar
+    qwen.grammar = grammar.record()
     try:
-        got = qwen.generate(prompts)
+        got = qwen.generate([grammar.request_prompt(p) for p in prompts])  # as the runner hands them on
     finally:
         qwen.grammar = None
     for c in got:

@@ -7,8 +7,9 @@ default evaluation (configs/evaluate.yaml: grammar, grounded decoding, linking),
 with semantic case retrieval only: the structural retriever would be trained first where no
 checkpoint is (tens of minutes on a loaded CPU), and grounding does not depend on the cases.
 
-Both engines decode a grounded prompt under the same grammar text (``request_grammar``: vLLM
-compiles it itself, llama.cpp for the GGUF vocabulary). llama.cpp runs the 4-bit GGUF and vLLM the
+Both engines decode a grounded prompt under the same grammar text (``Prompt.grammar``, set as the
+runner sets it: ``ProgramGrammar.request_prompt``; vLLM compiles it itself, llama.cpp for the GGUF
+vocabulary). llama.cpp runs the 4-bit GGUF and vLLM the
 fp32 weights, so their programs may differ; what must agree is how their arguments relate to the
 question. On both, an argument of a kind for which the question has a candidate the grammar
 accepts is one of those candidates, and the share of grounded-kind arguments drawn from the
@@ -37,7 +38,8 @@ fp32, so a few programs take other functions and so other arguments)."""
 
 @pytest.fixture(scope="module")
 def setting():
-    """The default evaluation's first questions, their prompts (with candidates) and the grammar."""
+    """The default evaluation's first questions, their prompts (with candidates and, as the runner
+    hands them on, their own grammar text) and the grammar."""
     from cbr2.config import CONFIG_DIR, load_config
     from cbr2.data.benchmarks import Benchmark
     from cbr2.generation.grammar import build_grammar
@@ -56,7 +58,8 @@ def setting():
     prompts = build_prompts(cfg.prompt, cfg.generation, questions, retrieved, reach_of(cfg, bench))
     assert sum(bool(p.grounding) for p in prompts) >= N_PROMPTS // 2
     assert any(RELATE in dict(p.grounding) for p in prompts)  # narrowed Relate pairs (generation.narrow)
-    return cfg, bench, questions, prompts, build_grammar(cfg, bench)
+    grammar = build_grammar(cfg, bench)
+    return cfg, bench, questions, [grammar.request_prompt(p) for p in prompts], grammar
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +67,7 @@ def engine(setting):
     _needs_packaged()
     from cbr2.llm.vllm import VLLMBackend
 
-    backend = VLLMBackend(_llm_cfg(dtype="float32"), grammar=setting[4])
+    backend = VLLMBackend(_llm_cfg(dtype="float32"), grammar=setting[4].record())
     start = time.perf_counter()
     backend.engine()
     print(f"vLLM engine started in {time.perf_counter() - start:.0f} s")
@@ -108,9 +111,9 @@ def test_grounded_decoding_draws_the_arguments_llamacpp_draws(setting, engine):
     ours = engine.generate(prompts)
     vllm_s = time.perf_counter() - start
     start = time.perf_counter()
-    free = engine.generate([replace(p, grounding=()) for p in prompts])  # the same prompts, KB grammar only
+    free = engine.generate([replace(p, grammar=None) for p in prompts])  # the same prompts, KB grammar only
     free_s = time.perf_counter() - start
-    llama = LlamaCppBackend(_llm_cfg(backend="llamacpp"), grammar=grammar)
+    llama = LlamaCppBackend(_llm_cfg(backend="llamacpp"), grammar=grammar.record())
     start = time.perf_counter()
     theirs = llama.generate(prompts)
     llama_s = time.perf_counter() - start

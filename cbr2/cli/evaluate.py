@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args, Config)
         # A GPU asked for and absent fails here, in one line, before the data is read.
-        check_devices(cfg, llm=args.show_prompt is None and not args.retrieval_only)
+        check_devices(cfg, llm=args.show_prompt is None and not args.retrieval_only,
+                      retrieval_only=args.retrieval_only)
         if args.show_prompt is not None:
             sys.stdout.write(show_prompt(cfg, args.show_prompt))
             return 0

@@ -16,7 +16,6 @@ from cbr2.common.devices import check_devices
 from cbr2.common.errors import UserError
 from cbr2.config import TrainConfig
 from cbr2.config.cli import add_config_arguments, config_from_args
-from cbr2.structural.train import MONITOR, train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     add_config_arguments(parser)
     args = parser.parse_intermixed_args(argv)  # options may come between overrides
     setup_logging()
+    # Lightning and torch load when training starts: `cbr2 train --help` and `import train` need neither.
+    from cbr2.structural.train import MONITOR, train
+
     try:
         cfg = config_from_args(args, TrainConfig)
         check_devices(cfg)  # a GPU asked for and absent fails here, in one line, before the data is read

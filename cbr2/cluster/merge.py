@@ -129,7 +129,7 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
     shards = check_shards([Shard(d) for d in shard_dirs])
     first = shards[0]
     cfg = unsharded_config(first.cfg)
-    bench = Benchmark.from_config(cfg.data)
+    bench = Benchmark.from_config(cfg.data, cfg.get("cache_dir"))  # a folder written before the key has none
     selection = select_questions(bench, cfg)
     by_id: dict[str, Prediction] = {}
     retrieval_lines: dict[str, str] = {}

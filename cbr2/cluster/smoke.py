@@ -1,13 +1,16 @@
-"""What a GPU user runs first: the environment checked, the real-engine tier, then a few questions.
+"""What a GPU user runs first, on a GPU node before a sweep: the environment checked, the
+real-engine tier, then a few questions.
 
-    python -m cbr2.llm.smoke                              # configs/paper.yaml, 9 questions
-    python -m cbr2.llm.smoke --questions 3 data.name=kqapro data.root=/data/KQAPro
+    cbr2 smoke                                            # configs/paper.yaml, 9 questions
+    cbr2 smoke --questions 3 data.name=kqapro data.root=/data/KQAPro
     make smoke-gpu                                        # the same, from the checkout
+    python -m cbr2.cluster.smoke                          # the same again
 
 Checks, in this order, each failing at once with one line that says what to do or run. First
 what needs no GPU (so a login node or a CPU machine gets this far):
 
-1. pytest is installed (the tier step runs it; ``--no-tier`` skips both);
+1. pytest is installed (the tier step runs it; ``--no-tier`` skips both, and so does an installed
+   package without the checkout's tests);
 2. the data: ``data.root`` validated file by file (``python -m cbr2.data check``), and ``data.name``
    loaded as the run loads it (KB and questions);
 3. the structural retriever for that data: ``structural.checkpoint``, or the newest one trained
@@ -31,8 +34,11 @@ Then what needs the GPU node:
 
 Then it runs the ``vllm`` test tier (``pytest -m vllm``: the real engine against the ``hf``
 backend, constrained decoding, a cut, killed and resumed ``evaluate.py``, a tiny Qwen3) and
-``evaluate.py --config configs/paper.yaml eval.limit=N`` into ``outputs/smoke-gpu``. The first GPU
-hour is then not spent finding a missing driver, a wrong vLLM or absent weights.
+``cbr2 evaluate --config configs/paper.yaml eval.limit=N`` into ``outputs/smoke-gpu``. The tier is
+the checkout's ``tests/test_vllm_*.py`` (``tier_files``): an installed package carries no tests, so
+there the smoke check says in one line how to run the tier from a checkout and goes on with the
+evaluation. The first GPU hour is then not spent finding a missing driver, a wrong vLLM or absent
+weights.
 """
 
 from __future__ import annotations
@@ -51,9 +57,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from cbr2.retrieval.gpu_memory import RetrievalMemory
 
-ROOT = Path(__file__).resolve().parents[2]
+CHECKOUT = Path(__file__).resolve().parents[2]
+"""The folder that holds the package: the checkout's root when it runs from one (``pip install -e``
+or the source tree), else the installation's ``site-packages``."""
 TIER = "tests/test_vllm_*.py"
-"""The test files of the ``vllm`` marker (as ``make test-vllm`` names them)."""
+"""The test files of the ``vllm`` marker, in the checkout (as ``make test-vllm`` names them)."""
+TIER_ELSEWHERE = ("smoke: the vllm test tier is not here (an installed package carries no tests); run it from a "
+                  f"checkout: make test-vllm, or pytest -m vllm {TIER}")
+"""What the smoke check says where it finds no tier, before it goes on with the evaluation."""
 GIB = 1024**3
 ACTIVATION_RESERVE = 2 * GIB
 """What vLLM keeps beside weights and KV cache for activations, CUDA graphs and the sampler: about
@@ -74,6 +85,17 @@ def check_cuda() -> str:
                          "allocated (sbatch --gpus=1), with the GPU environment (make install-gpu)")
     names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return f"{len(names)} GPU(s): {', '.join(names)}"
+
+
+def tier_files() -> list[str]:
+    """The ``vllm`` tier's test files, relative to ``CHECKOUT``; none outside a checkout.
+
+    A checkout is told by its ``pyproject.toml`` beside the package: an installation's
+    ``site-packages`` may hold some other distribution's ``tests`` folder, never the project file.
+    """
+    if not (CHECKOUT / "pyproject.toml").is_file():
+        return []
+    return sorted(str(p.relative_to(CHECKOUT)) for p in CHECKOUT.glob(TIER))
 
 
 def vllm_requirement() -> str:
@@ -159,7 +181,7 @@ def check_data(cfg: Any) -> str:
 
     where = f"data.name={cfg.data.name}" + (f" data.root={cfg.data.root}" if cfg.data.root else "")
     try:
-        bench = Benchmark.from_config(cfg.data)
+        bench = Benchmark.from_config(cfg.data, cfg.cache_dir)
         if cfg.data.root:
             report = check_folder(cfg.data.root, bench.family.name)
             if not report.clean:
@@ -352,8 +374,9 @@ def check_gpu_memory(cfg: Any) -> str:
         return f"GPU memory: not checked, no config.json of {name} here yet (it downloads on first use)"
     try:
         # As the smoke's evaluation holds it: its indexes are freed before the engine starts.
-        beside = retrieval_beside(Benchmark.from_config(cfg.data), cfg.retrieval, structural_encoder(cfg),
-                                  cfg.generation.canonicalize, indexes_resident=False)
+        bench = Benchmark.from_config(cfg.data, cfg.cache_dir)
+        beside = retrieval_beside(bench, cfg.retrieval, structural_encoder(cfg), cfg.generation.canonicalize,
+                                  indexes_resident=False)
     except SetupError as err:  # an encoder not here yet: only with --allow-download
         return f"GPU memory: not checked, {err}"
     gpus = torch.cuda.device_count()
@@ -377,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     from cbr2.config import CONFIG_DIR, compose
     from cbr2.llm.packaged import DEFAULT_MODEL
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--config", default=str(CONFIG_DIR / "paper.yaml"), help="the run's configuration")
     parser.add_argument("--questions", type=int, default=9, help="questions of the evaluation run")
     parser.add_argument("--no-tier", action="store_true", help="skip the vllm test tier")
@@ -386,9 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the evaluation run")
     args = parser.parse_args(argv)
     cfg = compose(files=[args.config], overrides=args.overrides)
+    tier = [] if args.no_tier else tier_files()
     checks = [
         # What needs no GPU: a login node or a CPU machine gets this far.
-        *([] if args.no_tier else [check_pytest]),
+        *([check_pytest] if tier else []),
         lambda: check_data(cfg),
         lambda: check_structural(cfg, args.allow_download),
         lambda: check_weights(str(cfg.llm.model), "llm.model", args.allow_download),
@@ -406,13 +430,16 @@ def main(argv: list[str] | None = None) -> int:
     except SmokeError as err:
         print(f"smoke: {err}", file=sys.stderr)
         return 2
-    tier = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob(TIER))
-    steps = [] if args.no_tier else [[sys.executable, "-m", "pytest", "-q", "-s", "-m", "vllm", *tier]]
-    steps.append([sys.executable, "evaluate.py", "--config", args.config, f"eval.limit={args.questions}",
-                  "output_dir=outputs/smoke-gpu", *args.overrides])
-    for cmd in steps:
+    if not tier and not args.no_tier:
+        print(TIER_ELSEWHERE, flush=True)
+    # The tier runs in the checkout it belongs to; the evaluation, as `cbr2 evaluate`, wherever the
+    # package is: its outputs go under the folder the smoke check runs in.
+    steps = [([sys.executable, "-m", "pytest", "-q", "-s", "-m", "vllm", *tier], CHECKOUT)] if tier else []
+    steps.append(([sys.executable, "-m", "cbr2.cli", "evaluate", "--config", args.config,
+                   f"eval.limit={args.questions}", "output_dir=outputs/smoke-gpu", *args.overrides], None))
+    for cmd, cwd in steps:
         print("smoke: " + " ".join(cmd), flush=True)
-        code = subprocess.call(cmd, cwd=ROOT)
+        code = subprocess.call(cmd, cwd=cwd)
         if code != 0:
             print(f"smoke: failed (exit {code}): {' '.join(cmd)}", file=sys.stderr)
             return code

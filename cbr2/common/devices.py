@@ -1,6 +1,7 @@
 """The devices a run asks for, checked against what this machine has, before anything loads.
 
-``evaluate.py``, ``train.py`` and each sweep task call :func:`check_devices` first: a GPU asked
+``evaluate.py``, ``train.py`` and each sweep task call :func:`check_devices` first (a run that
+uses neither torch nor FAISS skips it, and never imports them: :func:`uses_torch_or_faiss`): a GPU asked
 for where torch sees none (``retrieval.device=cuda``, which also places the encoders;
 ``llm.device=cuda`` for ``hf``; ``llm.backend=vllm`` without vLLM's CPU build; a GPU
 ``trainer.accelerator``), GPU retrieval where the installed FAISS has no GPU, or a CPU-only
@@ -218,6 +219,16 @@ def faiss_cpu_fallback(problem: str) -> None:
                 "still run on the GPU). %s put them on this GPU", problem, FAISS_GPU_WHEELS)
 
 
+def pick_device(device: str = "auto") -> str:
+    """A device setting resolved: ``auto`` is ``cuda`` when torch sees a GPU, else ``cpu``; anything
+    else is returned as is (the encoders' ``retrieval.device``, the ``hf`` backend's ``llm.device``)."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def wants_gpu(device: str) -> bool:
     """Whether a device setting names a GPU (``cuda``, ``cuda:1``, ``gpu``), not ``auto`` or ``cpu``."""
     return str(device).strip().lower().split(":")[0] in GPU_ACCELERATORS
@@ -240,6 +251,40 @@ def _check_gpu(key: str, device: Any, dev: Devices) -> None:
         raise SetupError(f"{key}={device}: torch sees {dev.cuda} GPU(s), numbered 0..{dev.cuda - 1}")
 
 
+TORCHLESS_BACKENDS = ("gold", "llamacpp", "openai")
+"""``llm.backend`` values that load neither torch nor FAISS: the gold writer, llama.cpp's own runtime, an
+HTTP client. Any other backend (``hf``, ``vllm``, one added later) is probed as before."""
+
+
+def uses_torch_or_faiss(cfg: Any, llm: bool = True, retrieval_only: bool = False) -> bool:
+    """Whether a run of ``cfg`` loads torch or FAISS, the packages :func:`probe` imports.
+
+    It does when it trains (``trainer``), encodes (a case view, knowledge triples, every view with
+    ``--retrieval-only``, or ``generation.canonicalize``'s encoder when it generates) or generates
+    with a backend outside ``TORCHLESS_BACKENDS``. A run that does none of these has no device to
+    check, and the probe's imports would cost it 1-2 s and over 200 MB of resident memory (torch's
+    alone: 0.9 s and 210 MB warm on the development VM), more than such a run's own work.
+
+    Args:
+        cfg: As :func:`check_devices` takes it.
+        llm: Whether the run generates.
+        retrieval_only: Whether the run scores every retrieval view (``--retrieval-only``).
+    """
+    if getattr(cfg, "trainer", None) is not None:
+        return True
+    retrieval = getattr(cfg, "retrieval", None)
+    generation = getattr(cfg, "generation", None)
+    if retrieval is not None and (retrieval_only or retrieval.cases != "none" or retrieval.k_ontology > 0
+                                  or retrieval.k_facts > 0):
+        return True
+    if not llm:
+        return False
+    if generation is not None and generation.canonicalize:
+        return True
+    model = getattr(cfg, "llm", None)
+    return model is not None and model.backend not in TORCHLESS_BACKENDS
+
+
 CPU_ONLY_ENCODER_BACKENDS = ("onnx", "onnx-int8")
 """``retrieval.encoder_backend`` values that run on the CPU only (``cbr2.retrieval.onnx_backend``)."""
 
@@ -254,21 +299,30 @@ def _check_encoder_backend(retrieval: Any, dev: Devices) -> None:
                          "or retrieval.device=cpu")
 
 
-def check_devices(cfg: Any, llm: bool = True, dev: Devices | None = None) -> Devices:
+def check_devices(cfg: Any, llm: bool = True, dev: Devices | None = None,
+                  retrieval_only: bool = False) -> Devices | None:
     """Fail at start, in one line, on a GPU the run asks for and cannot have; log what it gets.
+
+    A run that loads neither torch nor FAISS (:func:`uses_torch_or_faiss`) is not probed and
+    nothing of it is checked: its device settings name nothing it uses.
 
     Args:
         cfg: An evaluation config (``cbr2.config.Config``: ``retrieval``, ``llm``) or a training
             config (``cbr2.config.TrainConfig``: ``trainer``).
         llm: Whether the run generates (``--show-prompt`` and ``--retrieval-only`` do not load the LLM).
         dev: What this machine has; probed when not given.
+        retrieval_only: Whether the run scores every retrieval view (``--retrieval-only``).
 
     Returns:
-        What was probed.
+        What was probed; None for a run that uses neither torch nor FAISS.
 
     Raises:
         SetupError: Naming the setting, what is missing and what to run.
     """
+    if not uses_torch_or_faiss(cfg, llm, retrieval_only):
+        log.info("devices: not probed: this run uses neither torch nor FAISS (no encoder, no training, no LLM "
+                 "that needs torch)")
+        return None
     retrieval = getattr(cfg, "retrieval", None)
     # The FAISS search probe only where the indexes would go to the GPUs (not for training).
     dev = dev or probe(faiss_search=retrieval is not None and str(retrieval.device) != "cpu")

@@ -19,11 +19,13 @@ _BLOCK = 1 << 24
 T = TypeVar("T")
 
 
-def cache_root(configured: str | None = None) -> Path:
-    """``retrieval.cache_dir``, else ``$CBR2_CACHE_DIR``, else ``~/.cache/cbr2``.
+def cache_root(configured: str | Path | None = None) -> Path:
+    """The one cache folder of the project: ``configured`` (the configuration's ``cache_dir``, which
+    the entry points and the run loop hand on as a value), else ``$CBR2_CACHE_DIR``, else
+    ``~/.cache/cbr2``.
 
-    The one cache folder of the project: embeddings (``cbr2.retrieval.cache``), the KB store,
-    grammars, downloaded and converted LLMs each keep a subfolder of it.
+    Embeddings and indexes (``cbr2.retrieval.cache``), the KB store, compiled grammars, packaged
+    and converted LLMs each keep a subfolder of it.
     """
     return Path(configured or os.environ.get("CBR2_CACHE_DIR") or Path.home() / ".cache" / "cbr2").expanduser()
 

@@ -1,7 +1,8 @@
 """The records the stages pass on: a prompt, a completion, a prediction.
 
 ``cbr2.generation.prompt`` builds a ``Prompt``; an LLM backend (``cbr2.llm``) returns one
-``Completion`` per prompt; ``cbr2.evaluation.scoring`` turns it into a ``Prediction`` (one line
+``Completion`` per prompt, decoding under the run's ``Grammar`` (``generation.constrained``) or a
+prompt's own grammar text; ``cbr2.evaluation.scoring`` turns it into a ``Prediction`` (one line
 of ``predictions.jsonl``), which ``cbr2.generation.fallback`` may correct and ``cbr2.evaluation``,
 ``cbr2.report``, ``cbr2.run`` and ``cbr2.cluster`` read back. They live in the core layer because
 each is written by one package and read by others above and below it; a question (``Question``)
@@ -10,7 +11,7 @@ is ``cbr2.data``'s, as it carries a KoPL program.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 
@@ -27,13 +28,18 @@ class Prompt:
             the closing ``Program:`` slot.
         grounding: ``(argument kind, candidates)`` pairs of grounded decoding
             (``cbr2.generation.grounded``, ``generation.grounded``): the values the question's
-            arguments may take; empty when off. Backends without it ignore it.
+            arguments may take; empty when off. The prompt's hash and its record read them.
+        grammar: The grammar text this prompt decodes under when it has one of its own: the
+            run's grammar narrowed to its ``grounding`` (``ProgramGrammar.grounded_ebnf``, set by
+            the runner as the prompt goes to the backend); None: the run's ``Grammar``, if any.
+            Its language is a subset of the run's, so ``Grammar.max_bytes`` bounds it too.
     """
 
     qid: str
     system: str
     user: str
     grounding: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    grammar: str | None = field(default=None, repr=False)
 
     @property
     def text(self) -> str:
@@ -63,6 +69,24 @@ class Completion:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     overflow: str | None = None
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """The run's grammar as the LLM backends receive it (``generation.constrained``): its text and
+    what a backend needs to know of it, not the generator that wrote it
+    (``cbr2.generation.grammar.ProgramGrammar.record``).
+
+    Attributes:
+        ebnf: The grammar text (xgrammar's EBNF dialect, which vLLM's structured outputs take too).
+        max_bytes: UTF-8 bytes of the longest text it accepts, and of every prompt's own grammar
+            (``Prompt.grammar``, a subset): the token cap under it.
+        identity: What the predictions cache keys on (``ProgramGrammar.identity``).
+    """
+
+    ebnf: str = field(repr=False)
+    max_bytes: int
+    identity: dict[str, Any]
 
 
 PROMPT_TOO_LONG = "prompt_too_long"

@@ -264,8 +264,6 @@ class RetrievalConfig:
     """``dual`` (semantic + structural, merged), ``semantic``, ``structural``, ``random`` or ``none``."""
     seed: int = 0
     """Seed of ``cases=random``."""
-    cache_dir: str | None = None
-    """Embedding/index cache; ``$CBR2_CACHE_DIR`` or ``~/.cache/cbr2`` when unset."""
     link: bool = True
     """Link each question to the KB entities, concepts and values it names (``cbr2.retrieval.linking``):
     shown with every question of the prompt, their facts first among the K_f, the candidates of
@@ -317,6 +315,10 @@ class Config:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     output_dir: str | None = None
     """Where results go; ``outputs/{data.name}/{split}/{llm.backend}[-{ablation}]`` when unset."""
+    cache_dir: str | None = None
+    """The cache of what is built once and reused by later runs (embeddings and indexes, the KB
+    store, compiled grammars, packaged and converted LLMs, ONNX encoders); ``$CBR2_CACHE_DIR`` or
+    ``~/.cache/cbr2`` when unset."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,7 +28,6 @@ if TYPE_CHECKING:  # the cache pulls faiss and the encoders torch; build_canonic
     from omegaconf import DictConfig
 
     from cbr2.data.benchmarks import Benchmark
-    from cbr2.retrieval.cache import EmbeddingStore
 
 log = logging.getLogger(__name__)
 
@@ -256,29 +256,30 @@ class Canonicalizer:
         return Program(steps), records
 
 
-def build_canonicalizer(cfg: DictConfig, bench: Benchmark, store: EmbeddingStore | None = None) -> Canonicalizer:
+def build_canonicalizer(cfg: DictConfig, bench: Benchmark, cache_dir: str | Path | None = None) -> Canonicalizer:
     """The canonicaliser of a run: the benchmark's vocabulary, embedded with the retrieval encoder.
 
     Reads ``generation.canonicalize_threshold`` and ``retrieval.encoder`` / ``device`` /
-    ``batch_size`` / ``cache_dir``. The item embeddings of every slot go through the
-    embedding cache (entries ``vocab-{kind}-...``), so a KQA Pro-sized vocabulary is encoded
-    once and later runs, and concurrent shards, load it.
+    ``batch_size``. The item embeddings of every slot go through the embedding cache (entries
+    ``vocab-{kind}-...``), so a KQA Pro-sized vocabulary is encoded once and later runs, and
+    concurrent shards, load it.
 
     Args:
         cfg: The full configuration.
         bench: Gives the KB whose vocabulary arguments are snapped to.
-        store: Embedding cache; ``retrieval.cache_dir`` by default.
+        cache_dir: The cache root of the embeddings (the configuration's ``cache_dir``; ``cache_root``).
 
     Raises:
         OSError: When the encoder cannot be loaded.
     """
+    from cbr2.common.devices import pick_device
     from cbr2.common.files import cache_root
     from cbr2.retrieval.cache import EmbeddingStore
-    from cbr2.retrieval.encoders import encode, load_encoder, pick_device, weights_fingerprint
+    from cbr2.retrieval.encoders import encode, load_encoder, weights_fingerprint
 
     rc = cfg.retrieval
-    model = load_encoder(rc.encoder, pick_device(rc.device), rc.encoder_backend, rc.cache_dir)
-    store = store or EmbeddingStore(cache_root(rc.cache_dir))
+    model = load_encoder(rc.encoder, pick_device(rc.device), rc.encoder_backend, cache_dir)
+    store = EmbeddingStore(cache_root(cache_dir))
     fingerprint = weights_fingerprint(model)
 
     def embed(texts: Sequence[str]) -> np.ndarray:

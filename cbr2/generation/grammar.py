@@ -30,17 +30,19 @@ knowledge, and a per-question list would make a retrieval miss unrecoverable).
 
 Grounded decoding. ``grounded_ebnf`` is this grammar for one question: its grounded kinds'
 arguments drawn from the question's candidates (``cbr2.generation.grounded``), its answer type
-from its structural cases. It is the one definition of grounded decoding: every engine that
-decodes a grounded prompt decodes under that text (``cbr2.llm.base.request_grammar``).
+from its structural cases. It is the one definition of grounded decoding: the runner puts that
+text in the prompt (``request_prompt``: ``Prompt.grammar``), and every engine that decodes a
+grounded prompt decodes under it (``cbr2.llm.base.request_grammar``).
 
-``xgrammar`` compiles a grammar against a tokenizer. A KQA Pro-sized KB grammar takes seconds, so
-its compiled form is cached in memory and on disk (``compiled``, ``compiled_for``); a question's
-grounded grammar takes hundredths of a second and is compiled per request by the vocabulary's
-compiler, one per process (``compiled_text``).
+The backends receive the grammar as data (``record``: ``cbr2.common.records.Grammar``, its text,
+byte bound and identity), never this object; compiling a text for a tokenizer, and caching the
+compiled form, is theirs (``cbr2.llm.xgrammar_masks``). ``accepts`` checks a text against the
+grammar at the character level, with no tokenizer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -48,9 +50,9 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
+from cbr2.common.records import Grammar, Prompt
 from cbr2.config import GenerationConfig
 from cbr2.generation.grounded import ANSWER, RELATE, closed_functions
 from cbr2.kb.model import Vocabulary
@@ -61,7 +63,7 @@ from cbr2.kopl.text import ARROW, CALL_SEPARATORS, FORMATS, escape_arg
 log = logging.getLogger(__name__)
 
 GRAMMAR_VERSION = 1
-"""Bump when the generated grammar changes for the same inputs (invalidates compiled caches)."""
+"""Bump when the generated grammar changes for the same inputs (its identity, a predictions-cache key)."""
 
 _FORBIDDEN = "[]|\\\n"
 """Characters a free-text argument may not contain: they delimit arguments and lines."""
@@ -117,7 +119,6 @@ class ProgramGrammar:
         vocab: The KB's vocabulary.
         fmt: ``dag`` or ``chain``.
         bounds: Size limits.
-        cache_dir: Root of the compiled-grammar cache (``retrieval.cache_dir`` semantics).
 
     Attributes:
         ebnf: The grammar text (xgrammar's EBNF dialect, which vLLM's ``grammar`` takes too).
@@ -126,9 +127,7 @@ class ProgramGrammar:
         functions: Functions usable with this KB (those whose closed slots are non-empty).
     """
 
-    def __init__(self, vocab: Vocabulary, fmt: str = "dag", bounds: Bounds = Bounds(),
-                 cache_dir: str | None = None):
-        self.cache_dir = cache_dir
+    def __init__(self, vocab: Vocabulary, fmt: str = "dag", bounds: Bounds = Bounds()):
         if fmt not in FORMATS:
             raise ValueError(f"unknown program format {fmt!r}; expected one of {', '.join(FORMATS)}")
         self.fmt, self.bounds = fmt, bounds
@@ -150,6 +149,19 @@ class ProgramGrammar:
     def identity(self) -> dict[str, Any]:
         """What a predictions cache needs to know about the grammar."""
         return {"grammar": self.sha256[:16], "format": self.fmt, "max_bytes": self.max_bytes}
+
+    def record(self) -> Grammar:
+        """The grammar as the LLM backends receive it: its text, byte bound and identity."""
+        return Grammar(self.ebnf, self.max_bytes, self.identity())
+
+    def request_prompt(self, prompt: Prompt) -> Prompt:
+        """``prompt`` as a backend decodes it under this grammar: with its own grammar text
+        (``Prompt.grammar``: ``grounded_ebnf`` of its candidates) when it carries grounding that
+        narrows this grammar; else as it is, to decode under this grammar (``record``)."""
+        if not prompt.grounding:
+            return prompt
+        text = self.grounded_ebnf(dict(prompt.grounding))
+        return prompt if text == self.ebnf else dataclasses.replace(prompt, grammar=text)
 
     # --- arguments ---------------------------------------------------------------------------
 
@@ -243,11 +255,11 @@ class ProgramGrammar:
         with an empty list is closed: no branch starts with a call that takes it (``closed_functions``;
         only a start call's kind may be closed, ``entity`` by ``generation.find_needs_link``). This is
         the one definition of grounded decoding: every engine decodes a grounded prompt under this
-        text (``cbr2.llm.base.request_grammar``), vLLM's structured outputs and an ``openai`` server
-        with the request, ``llamacpp`` compiled for the GGUF vocabulary (``compiled_text``). Rules no
-        longer reachable (a closed entity list replaced in every call) are left out, so the engine
-        compiles a smaller grammar. Its language is a subset of ``ebnf``'s: ``max_bytes`` still
-        bounds it.
+        text (``request_prompt``, ``cbr2.llm.base.request_grammar``), vLLM's structured outputs and
+        an ``openai`` server with the request, ``llamacpp`` compiled for the GGUF vocabulary
+        (``cbr2.llm.xgrammar_masks.compiled_text``). Rules no longer reachable (a closed entity list
+        replaced in every call) are left out, so the engine compiles a smaller grammar. Its language
+        is a subset of ``ebnf``'s: ``max_bytes`` still bounds it.
 
         The ``answer`` kind (``cbr2.generation.grounded.ANSWER``, ``generation.answer_type``) is
         not an argument's: the program's last line must end with one of its answer types.
@@ -424,7 +436,7 @@ class ProgramGrammar:
         # xgrammar starts at the first rule: put root first.
         self._r.rules = {"root": self._r.rules.pop("root"), **self._r.rules}
 
-    # --- compilation -------------------------------------------------------------------------
+    # --- checking a text ----------------------------------------------------------------------
 
     def accepts(self, text: str) -> bool:
         """Whether the grammar accepts ``text`` exactly (character level; no tokenizer needed)."""
@@ -489,137 +501,5 @@ def _char_class(forbidden: str) -> str:
 
 def build_grammar(cfg: Any, bench: Any) -> ProgramGrammar:
     """The grammar of a run: ``bench``'s KB vocabulary, ``prompt.format`` and the ``generation`` bounds."""
-    return ProgramGrammar(bench.kb.vocabulary, cfg.prompt.format, Bounds.from_config(cfg.generation),
-                          cache_dir=cfg.retrieval.cache_dir)
+    return ProgramGrammar(bench.kb.vocabulary, cfg.prompt.format, Bounds.from_config(cfg.generation))
 
-
-# --- compiled grammars, cached -----------------------------------------------------------------
-
-_COMPILED: dict[str, Any] = {}
-"""KB grammars compiled in this process, by ``compiled_for``'s key."""
-
-_TOKENIZERS: dict[str, Any] = {}
-"""Each vocabulary's ``xgrammar.TokenizerInfo``, by fingerprint: built once per process."""
-
-_COMPILERS: dict[str, Any] = {}
-"""Each vocabulary's ``xgrammar.GrammarCompiler``, by fingerprint: built when a grammar is first
-compiled for it (a KB grammar read from the disk cache needs none)."""
-
-COMPILER_CACHE_BYTES = 256 * 2**20
-"""What a vocabulary's compiler keeps of the grammars it compiled (least recently used dropped
-first). A run compiles one grounded grammar per question, about 1.6 MB each for Qwen2.5's vocabulary
-on mini-kqapro, so an unbounded cache would grow with the run; what it keeps serves a question
-asked again (``cbr2 serve``)."""
-
-
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """SHA-256 of a tokenizer's vocabulary and special tokens: when it changes, so do the token masks."""
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    data = json.dumps([vocab, tokenizer.eos_token_id, len(tokenizer)], ensure_ascii=False)
-    return hashlib.sha256(data.encode()).hexdigest()
-
-
-def compiled(grammar: ProgramGrammar, tokenizer: Any, vocab_size: int | None = None,
-             stop_ids: Iterable[int] | None = None, cache_dir: str | Path | None = None) -> Any:
-    """``grammar`` compiled by xgrammar for a transformers ``tokenizer`` (see ``compiled_for``).
-
-    Args:
-        grammar: The grammar.
-        tokenizer: A transformers tokenizer.
-        vocab_size: Rows of the model's output layer, when larger than the tokenizer's vocabulary.
-        stop_ids: Token ids that end generation (allowed once the program is complete); the
-            tokenizer's end-of-sequence token when None.
-        cache_dir: Cache root (``retrieval.cache_dir`` semantics: ``$CBR2_CACHE_DIR`` or
-            ``~/.cache/cbr2`` when None).
-    """
-    import xgrammar as xgr
-
-    stops = sorted(stop_ids) if stop_ids is not None else None
-    fingerprint = "\x00".join([tokenizer_fingerprint(tokenizer), str(vocab_size), str(stops)])
-    return compiled_for(grammar, lambda: xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                                             stop_token_ids=stops),
-                        fingerprint, cache_dir)
-
-
-def compiled_for(grammar: ProgramGrammar, tokenizer_info: Callable[[], Any], fingerprint: str,
-                 cache_dir: str | Path | None = None) -> Any:
-    """``grammar`` compiled by xgrammar for one vocabulary: from memory, else from the disk cache,
-    else compiled now and stored (under ``<cache>/grammars/``, with a build lock).
-
-    Args:
-        grammar: The grammar.
-        tokenizer_info: Builds the ``xgrammar.TokenizerInfo`` of the vocabulary (called once per process).
-        fingerprint: Changes whenever the token masks would (vocabulary, special and stop tokens).
-        cache_dir: Cache root (``retrieval.cache_dir`` semantics).
-    """
-    import xgrammar as xgr
-
-    from cbr2.common.files import cache_root
-    from cbr2.common.locks import build_lock
-
-    key = hashlib.sha256("\x00".join([grammar.sha256, fingerprint,
-                                      str(xgr.get_serialization_version())]).encode()).hexdigest()[:24]
-    if key in _COMPILED:
-        return _COMPILED[key]
-    info = _tokenizer_info(tokenizer_info, fingerprint)
-    path = cache_root(cache_dir) / "grammars" / f"{key}.json"
-    with build_lock(path, "compiled grammar"):
-        result = None
-        if path.exists():
-            try:
-                result = xgr.CompiledGrammar.deserialize_json(path.read_text(encoding="utf-8"), info)
-                log.info("compiled grammar read from %s", path)
-            except (xgr.DeserializeFormatError, xgr.DeserializeVersionError, RuntimeError) as err:
-                log.warning("%s: unreadable compiled grammar (%s); compiling again", path, err)
-        if result is None:
-            import time
-
-            start = time.perf_counter()
-            result = _compiler(tokenizer_info, fingerprint).compile_grammar(grammar._xgr_grammar())
-            log.info("compiled the %s grammar (%d rules) in %.1f s", grammar.fmt, len(grammar._r.rules),
-                     time.perf_counter() - start)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(result.serialize_json(), encoding="utf-8")
-            tmp.replace(path)
-    _COMPILED[key] = result
-    return result
-
-
-def compiled_text(grammar: ProgramGrammar, ebnf: str, tokenizer_info: Callable[[], Any], fingerprint: str,
-                  cache_dir: str | Path | None = None) -> Any:
-    """The grammar text one request decodes under (``cbr2.llm.base.request_grammar``), compiled by
-    xgrammar for one vocabulary.
-
-    ``grammar.ebnf`` itself is the KB grammar's compiled form (``compiled_for``: memory, disk, or
-    compiled once). Any other text, a question's ``grounded_ebnf``, is compiled now by the
-    vocabulary's compiler (kept per process with its cache, ``COMPILER_CACHE_BYTES``): about 0.02 s
-    per question of mini-kqapro for Qwen2.5's vocabulary, against seconds of decoding, so it is
-    not written to disk.
-
-    Args:
-        grammar: The run's grammar (``ebnf`` is its own text or one of its ``grounded_ebnf``).
-        ebnf: The request's grammar text.
-        tokenizer_info: Builds the ``xgrammar.TokenizerInfo`` of the vocabulary (called once per process).
-        fingerprint: Changes whenever the token masks would (vocabulary, special and stop tokens).
-        cache_dir: Cache root of the KB grammar's compiled form (``retrieval.cache_dir`` semantics).
-    """
-    if ebnf == grammar.ebnf:
-        return compiled_for(grammar, tokenizer_info, fingerprint, cache_dir)
-    return _compiler(tokenizer_info, fingerprint).compile_grammar(ebnf)
-
-
-def _tokenizer_info(build: Callable[[], Any], fingerprint: str) -> Any:
-    if fingerprint not in _TOKENIZERS:
-        _TOKENIZERS[fingerprint] = build()
-    return _TOKENIZERS[fingerprint]
-
-
-def _compiler(tokenizer_info: Callable[[], Any], fingerprint: str) -> Any:
-    """The vocabulary's xgrammar compiler, one per process and fingerprint."""
-    if fingerprint not in _COMPILERS:
-        import xgrammar as xgr
-
-        _COMPILERS[fingerprint] = xgr.GrammarCompiler(_tokenizer_info(tokenizer_info, fingerprint),
-                                                      cache_limit_bytes=COMPILER_CACHE_BYTES)
-    return _COMPILERS[fingerprint]

@@ -7,21 +7,27 @@ backend class declares the decoding features it honours (``capabilities``, ``cbr
 ``check_capabilities`` stops a run at start whose settings ask its backend for more. Heavy
 packages (torch, transformers, vLLM, openai) are imported inside the backends, so choosing
 ``gold`` never loads them.
+
+The package is a leaf of the drawing: it reads its ``llm`` section (``cbr2.config``), the records
+of ``cbr2.common`` (a prompt, a completion, the run's grammar as text) and program text
+(``cbr2.kopl``: the gold writer), and is handed the rest as values (the gold programs, the cache
+root, what retrieval holds on the GPU); ``tests/test_layout.py`` holds it to that.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cbr2.common.console import did_you_mean
 from cbr2.common.errors import ConfigError
+from cbr2.common.records import Grammar
 from cbr2.llm.base import FEATURES, Backend
 
 if TYPE_CHECKING:
-    from cbr2.data.questions import Question
-    from cbr2.generation.grammar import ProgramGrammar
+    from cbr2.kopl.program import Program
 
 BACKENDS: dict[str, str] = {
     "hf": "cbr2.llm.hf:HFBackend",
@@ -81,26 +87,32 @@ def check_capabilities(cfg: Any) -> None:
                               f"or set {key}=false")
 
 
-def make_backend(section: Any, questions: Sequence[Question] = (), grammar: ProgramGrammar | None = None,
-                 program_format: str = "dag", gpu_reserve_bytes: int = 0) -> Backend:
+def make_backend(section: Any, programs: Mapping[str, Program | None] | None = None, grammar: Grammar | None = None,
+                 program_format: str = "dag", gpu_reserve_bytes: int = 0,
+                 cache_dir: str | Path | None = None) -> Backend:
     """The configured backend, built but not loaded (weights load on the first ``generate``).
 
     Args:
         section: The ``llm`` section (``cbr2.config.LLMConfig``), which the backends read.
-        questions: The evaluated questions; only ``gold`` reads them (their gold programs).
+        programs: The gold program of each evaluated question id; only ``gold`` reads them.
         grammar: Decode under this grammar (``generation.constrained``); every backend but
             ``gold``, which writes gold programs, decodes under it (``capabilities``).
         program_format: ``prompt.format``, the form the ``gold`` writer writes programs in.
         gpu_reserve_bytes: What the rest of the process holds on the GPU beside an engine that
             takes a share of it at start (``shares_gpu``: vLLM); ``cbr2.retrieval.gpu_memory``.
+        cache_dir: The cache root (the configuration's ``cache_dir``; ``cbr2.common.files.cache_root``)
+            of a backend that keeps files there (``uses_cache``: packaged and converted weights,
+            compiled grammars).
 
     Raises:
         ConfigError: For an unknown ``llm.backend``.
     """
     cls = backend_class(section.backend)
     if section.backend == "gold":
-        return cls(program_format, {q.qid: q.program for q in questions})
+        return cls(program_format, programs or {})
     kwargs: dict[str, Any] = {"grammar": grammar} if grammar is not None else {}
     if getattr(cls, "shares_gpu", False):
         kwargs["reserve_bytes"] = gpu_reserve_bytes
+    if getattr(cls, "uses_cache", False):
+        kwargs["cache_dir"] = cache_dir
     return cls(section, **kwargs)

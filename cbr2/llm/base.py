@@ -1,12 +1,15 @@
 """What every LLM backend receives and returns.
 
 A backend gets ``Prompt`` objects (built by ``cbr2.generation.prompt``) and returns one ``Completion``
-per prompt, in order (both records are ``cbr2.common.records``'s). How a prompt becomes model
-input is the backend's business: ``Prompt.text`` for a base model (plain completion),
-``Prompt.messages`` with the model's chat template for an instruction model (``llm.chat``). ``render`` shows exactly that input
-without loading weights, for ``evaluate.py --show-prompt``. ``Backend`` is the protocol that
-every backend satisfies; its ``capabilities`` name the decoding features (``FEATURES``) it
-honours, so a run asks the backend, not its name, and one that asks for more stops at start.
+per prompt, in order; under constrained decoding it is built with the run's ``Grammar``, and a
+prompt may carry a grammar of its own (``Prompt.grammar``). All three are records of
+``cbr2.common.records``: data, so that the backends depend on nothing of the stages that make them.
+How a prompt becomes model input is ``render``'s (``Rendering``, the one every backend shares):
+``Prompt.text`` for a base model (plain completion), ``Prompt.messages`` in the model's chat form
+for an instruction model (``llm.chat``); it shows exactly that input without loading weights, for
+``evaluate.py --show-prompt``. ``Backend`` is the protocol that every backend satisfies; its
+``capabilities`` name the decoding features (``FEATURES``) it honours, so a run asks the backend,
+not its name, and one that asks for more stops at start.
 
 Backends read their ``llm`` section (``cbr2.config.LLMConfig``, or a DictConfig of it) field by
 field with no fallbacks of their own: every default is stated once, in the schema.
@@ -18,7 +21,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from cbr2.common.records import Completion, Prompt
+from cbr2.common.records import Completion, Grammar, Prompt
 
 if TYPE_CHECKING:
     from cbr2.config import LLMConfig
@@ -27,8 +30,8 @@ if TYPE_CHECKING:
 FEATURES = {
     "constrained": "decodes under the run's grammar (``generation.constrained``): the backend is built "
                    "with a ``grammar``",
-    "grounded": "decodes a prompt that carries ``Prompt.grounding`` under the grammar with its arguments "
-                "drawn from those candidates (``generation.grounded``, ``cbr2.generation.grounded``)",
+    "grounded": "decodes a prompt that carries a grammar of its own (``Prompt.grammar``: the run's, with the "
+                "arguments drawn from the question's candidates, ``generation.grounded``) under that text",
 }
 """The decoding features a backend may declare in ``capabilities``, and what declaring one promises."""
 
@@ -44,9 +47,9 @@ class Backend(Protocol):
     """What the evaluation loop (``cbr2.run.runner``) asks of a program generator.
 
     A backend is any object with these three methods and a ``capabilities`` class attribute
-    (structural typing: the backends share helpers, not a base class). ``make_backend`` builds
-    the configured one; tests pass fakes. Building one loads nothing: weights load on the first
-    ``generate``.
+    (structural typing: a fake needs no base class; the project's backends share helpers and take
+    their one ``render`` from ``Rendering``). ``make_backend`` builds the configured one; tests pass
+    fakes. Building one loads nothing: weights load on the first ``generate``.
     """
 
     capabilities: frozenset[str]
@@ -65,6 +68,27 @@ class Backend(Protocol):
                  on_result: Callable[[int, Completion], None] | None = None) -> list[Completion]:
         """One completion per prompt, in input order; ``on_result(index, completion)`` as each one is done."""
         ...
+
+
+class Rendering:
+    """The one ``render`` of the backends: a prompt becomes model input in one of two ways.
+
+    A backend that inherits it says which with ``uses_chat`` (``llm.chat``, else its own default)
+    and, when it may chat, how the messages are written with ``chat_text``: a chat template, or
+    for a server that applies its own, the messages as they are sent.
+    """
+
+    uses_chat: bool
+    """Whether prompts go in the model's chat form (an instruction model) rather than as plain text."""
+
+    def render(self, prompt: Prompt) -> str:
+        """Exactly the model input for ``prompt``: its chat form (``chat_text``) with ``uses_chat``,
+        else its plain text (``Prompt.text``); reads at most a tokenizer, never weights."""
+        return self.chat_text(prompt) if self.uses_chat else prompt.text
+
+    def chat_text(self, prompt: Prompt) -> str:
+        """``prompt``'s messages (``Prompt.messages``) in the model's chat form, ready for its answer."""
+        raise NotImplementedError(f"{type(self).__name__} writes plain text only")
 
 
 def stop_strings(cfg: LLMConfig) -> list[str]:
@@ -87,7 +111,7 @@ def cut_at_stop(text: str, stop: Iterable[str]) -> str:
     return text[:end]
 
 
-def token_cap(cfg: LLMConfig, grammar: Any = None) -> int:
+def token_cap(cfg: LLMConfig, grammar: Grammar | None = None) -> int:
     """Most tokens one completion may have: ``llm.max_new_tokens``, or under a grammar
     (``generation.constrained``) its longest text in bytes plus the end-of-sequence token.
 
@@ -99,7 +123,7 @@ def token_cap(cfg: LLMConfig, grammar: Any = None) -> int:
     return int(cfg.max_new_tokens)
 
 
-def decoding_identity(cfg: LLMConfig, grammar: Any = None, **fields: Any) -> dict[str, Any]:
+def decoding_identity(cfg: LLMConfig, grammar: Grammar | None = None, **fields: Any) -> dict[str, Any]:
     """A backend's predictions-cache key: its own ``fields`` plus the decoding parameters, and the
     grammar's identity and token cap when it decodes under one.
 
@@ -111,15 +135,14 @@ def decoding_identity(cfg: LLMConfig, grammar: Any = None, **fields: Any) -> dic
     if temperature > 0:
         ident["seed"] = int(cfg.seed)
     if grammar is not None:
-        ident.update(grammar.identity(), max_new_tokens=token_cap(cfg, grammar))
+        ident.update(grammar.identity, max_new_tokens=token_cap(cfg, grammar))
     return ident
 
 
-def request_grammar(grammar: Any, prompt: Prompt) -> str:
-    """The EBNF one request decodes under, for engines that take a grammar per request (vLLM's
-    structured outputs): the grammar's own, or with ``prompt.grounding`` its grounded form
-    (``ProgramGrammar.grounded_ebnf``)."""
-    return grammar.grounded_ebnf(dict(prompt.grounding)) if prompt.grounding else grammar.ebnf
+def request_grammar(grammar: Grammar, prompt: Prompt) -> str:
+    """The grammar text one request decodes under: the prompt's own (``Prompt.grammar``, grounded
+    decoding) when it has one, else the run's."""
+    return prompt.grammar if prompt.grammar is not None else grammar.ebnf
 
 
 def apply_chat_template(tokenizer: Any, prompt: Prompt) -> str:

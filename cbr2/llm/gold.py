@@ -14,10 +14,10 @@ from cbr2.common.errors import UserError
 from cbr2.common.records import Completion, Prompt
 from cbr2.kopl.program import Program
 from cbr2.kopl.text import to_text
-from cbr2.llm.base import FEATURES
+from cbr2.llm.base import FEATURES, Rendering
 
 
-class GoldBackend:
+class GoldBackend(Rendering):
     """Writes gold programs in the configured text format.
 
     Args:
@@ -30,6 +30,7 @@ class GoldBackend:
 
     name = "gold"
     uses_chat = False
+    """It reads no prompt: ``render`` shows the plain text."""
     capabilities = frozenset(FEATURES)
     """Every decoding setting is accepted and none changes what it writes: the gold program is the
     reference those settings aim at (it parses, type-checks and executes), and the writer is a check
@@ -42,10 +43,6 @@ class GoldBackend:
                              f"(first: {missing[0]}); evaluate a split with programs (e.g. data.split=val)")
         self.fmt = fmt
         self.programs = dict(programs)
-
-    def render(self, prompt: Prompt) -> str:
-        """The prompt as text (the gold writer does not read it)."""
-        return prompt.text
 
     def identity(self) -> dict:
         """The predictions cache key beside the prompt."""

@@ -26,10 +26,12 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cbr2.common.records import Completion, Prompt
-from cbr2.llm.base import apply_chat_template, decoding_identity, stop_strings, token_cap
+from cbr2.common.devices import pick_device
+from cbr2.common.records import Completion, Grammar, Prompt
+from cbr2.llm.base import Rendering, apply_chat_template, decoding_identity, stop_strings, token_cap
 from cbr2.llm.hf_convert import converted_dir, is_converted, model_folder, model_source
 from cbr2.llm.hf_decode import Decoder, Row
 from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, gguf_fingerprint, gguf_path
@@ -43,7 +45,7 @@ _PREFIX_MIN_TOKENS = 16
 """A shared prefix shorter than this is not worth a cache copy."""
 
 
-class HFBackend:
+class HFBackend(Rendering):
     """Generates program texts with a transformers causal LM.
 
     Args:
@@ -58,10 +60,12 @@ class HFBackend:
             batch around it.
         lookup: Longest prompt-lookup draft checked per pass in greedy, unbatched decoding (0:
             none); 10 was fastest of 5, 10 and 20.
-        grammar: Decode under this ``ProgramGrammar`` (``generation.constrained``): before each
-            token is chosen, the tokens the grammar does not allow are masked out (xgrammar).
-            The token cap is then the grammar's longest text in bytes, so decoding always ends
-            inside the grammar with a complete program.
+        grammar: Decode under this grammar (``generation.constrained``): before each token is
+            chosen, the tokens the grammar does not allow are masked out (xgrammar,
+            ``cbr2.llm.xgrammar_masks``). The token cap is then the grammar's longest text in bytes,
+            so decoding always ends inside the grammar with a complete program.
+        cache_dir: The cache root of the packaged model's GGUF file and converted folder and of
+            the compiled grammar (``cbr2.common.files.cache_root``).
 
     Raises:
         OSError: When ``llm.model`` names a local folder that does not exist.
@@ -72,11 +76,15 @@ class HFBackend:
     """The grammar masks each token, draft tokens included. No grounded decoding: the decoder takes
     the run's one compiled grammar, where ``llamacpp`` and ``vllm`` decode a grounded prompt under
     its own (``request_grammar``)."""
+    uses_cache = True
+    """It keeps the packaged model and the compiled grammar under the cache root: ``make_backend``
+    hands it ``cache_dir``."""
 
     def __init__(self, cfg: LLMConfig, reuse_prefix: bool = True, batched: bool | None = None, lookup: int = 10,
-                 grammar: Any = None):
+                 grammar: Grammar | None = None, cache_dir: str | Path | None = None):
         self.cfg = cfg
         self.grammar = grammar
+        self.cache_dir = cache_dir
         self.lookup = lookup
         self.stop = stop_strings(cfg)
         self.reuse_prefix = reuse_prefix
@@ -101,8 +109,6 @@ class HFBackend:
     def device(self) -> str:
         """``llm.device`` resolved (``auto``: CUDA when visible)."""
         if self._device is None:
-            from cbr2.retrieval.encoders import pick_device
-
             self._device = pick_device(str(self.cfg.device))
         return self._device
 
@@ -131,7 +137,7 @@ class HFBackend:
 
     def _folder(self) -> str:
         """Where from_pretrained reads: the converted folder for the packaged model."""
-        return model_folder(self.packaged, self.source)
+        return model_folder(self.packaged, self.source, self.cache_dir)
 
     def tokenizer(self) -> Any:
         """The model's tokenizer, loaded once (never the weights)."""
@@ -139,8 +145,8 @@ class HFBackend:
             from transformers import AutoTokenizer
 
             try:
-                gguf = gguf_path(self.packaged) if self.packaged is not None else None
-                if gguf is not None and not is_converted(converted_dir(gguf), gguf_fingerprint(gguf)):
+                gguf = gguf_path(self.packaged, self.cache_dir) if self.packaged is not None else None
+                if gguf is not None and not is_converted(converted_dir(gguf, self.cache_dir), gguf_fingerprint(gguf)):
                     # Not converted yet: read the tokenizer from the GGUF rather than convert the weights now.
                     self._tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
                 else:
@@ -149,10 +155,8 @@ class HFBackend:
                 raise OSError(f"cannot load the tokenizer of llm.model {self.source!r}: {err}") from err
         return self._tokenizer
 
-    def render(self, prompt: Prompt) -> str:
-        """Exactly the text that is tokenized for ``prompt`` (chat mode reads the tokenizer only)."""
-        if not self.uses_chat:
-            return prompt.text
+    def chat_text(self, prompt: Prompt) -> str:
+        """``prompt`` in the tokenizer's chat template (reads the tokenizer, not the weights)."""
         return apply_chat_template(self.tokenizer(), prompt)
 
     # --- the model -----------------------------------------------------------------------------
@@ -326,8 +330,8 @@ class HFBackend:
         if self.grammar is None:
             return None
         if self._compiled is None:
-            from cbr2.generation.grammar import compiled
+            from cbr2.llm.xgrammar_masks import compiled
 
-            self._compiled = compiled(self.grammar, self._tokenizer, vocab_size=self._model.config.vocab_size,
-                                      stop_ids=self._stop_ids(), cache_dir=self.grammar.cache_dir)
+            self._compiled = compiled(self.grammar.ebnf, self._tokenizer, vocab_size=self._model.config.vocab_size,
+                                      stop_ids=self._stop_ids(), cache_dir=self.cache_dir)
         return self._compiled

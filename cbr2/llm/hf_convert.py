@@ -1,7 +1,8 @@
 """The ``hf`` backend's packaged models: a GGUF file converted once into a plain transformers folder.
 
 Reading a GGUF costs transformers 20-100 s, so a packaged model (``cbr2.llm.packaged``) is
-converted once into a plain fp32 folder under ``<cache>/llm/`` (loads in ~0.5 s after). The
+converted once into a plain fp32 folder under ``<cache>/llm/`` (``<cache>``: the cache root the
+backend is handed, ``cbr2.common.files.cache_root``; loads in ~0.5 s after). The
 conversion is written beside its destination and renamed into place with a marker written last,
 so a killed conversion never leaves a folder that looks complete, and concurrent jobs agree on
 one folder (``cbr2.common.locks.build_lock``).
@@ -15,7 +16,6 @@ import copy
 import json
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from cbr2.common.files import cache_root, publish_folder
@@ -60,27 +60,25 @@ def model_source(configured: str) -> tuple[str | None, str]:
     return None, configured
 
 
-def model_folder(packaged: str | None, source: str) -> str:
+def model_folder(packaged: str | None, source: str, cache_dir: str | Path | None = None) -> str:
     """What ``from_pretrained`` (or vLLM) reads: the converted folder of a packaged model
-    (converted now when it is not yet), else ``source`` itself."""
+    (reassembled and converted under the cache root ``cache_dir`` now when it is not yet), else
+    ``source`` itself."""
     if packaged is not None:
-        return str(ensure_converted(gguf_path(packaged)))
+        return str(ensure_converted(gguf_path(packaged, cache_dir), cache_dir))
     return source
 
 
-def converted_dir(gguf: str | Path, root: str | Path | None = None) -> Path:
+def converted_dir(gguf: str | Path, cache_dir: str | Path | None = None) -> Path:
     """Where the plain-folder conversion of ``gguf`` lives: ``<cache>/llm/<name>-<hash>``.
 
     Args:
         gguf: The GGUF file.
-        root: The project cache folder; ``cache_root(None)`` (``$CBR2_CACHE_DIR`` or
-            ``~/.cache/cbr2``) when unset.
+        cache_dir: The cache root (``cbr2.common.files.cache_root``).
     """
-    if root is None:
-        root = cache_root(None)
     gguf = Path(gguf)
     name = gguf.name.removesuffix(".gguf")
-    return Path(root) / "llm" / f"{name}-{gguf_fingerprint(gguf)}"
+    return cache_root(cache_dir) / "llm" / f"{name}-{gguf_fingerprint(gguf)}"
 
 
 def is_converted(folder: str | Path, fingerprint: str) -> bool:
@@ -126,41 +124,38 @@ def convert_gguf(gguf: str | Path, out: str | Path) -> None:
     tokenizer.save_pretrained(str(out))
 
 
-def ensure_converted(gguf: str | Path, dest: str | Path | None = None,
-                     convert: Callable[[Path, Path], None] | None = None) -> Path:
-    """The converted folder of ``gguf``, converting it now when no complete one exists.
+def ensure_converted(gguf: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """The converted folder of ``gguf`` (``converted_dir``), converting it now when no complete one exists.
 
-    The conversion is written to a temporary folder beside ``dest`` and renamed into place, so
-    a killed conversion never leaves a folder that looks complete; a folder without a valid
-    marker (half-written, other GGUF, older format) is replaced. When two processes convert at
-    once, the first rename wins and the other process uses its folder.
+    The conversion (``convert_gguf``) is written to a temporary folder beside its destination and
+    renamed into place, so a killed conversion never leaves a folder that looks complete; a
+    folder without a valid marker (half-written, other GGUF, older format) is replaced. When two
+    processes convert at once, the first rename wins and the other process uses its folder.
 
     Args:
         gguf: The GGUF file.
-        dest: Target folder; ``converted_dir(gguf)`` when unset.
-        convert: Writes the conversion into an empty folder; ``convert_gguf`` when unset
-            (tests pass a fast stand-in).
+        cache_dir: The cache root (``cbr2.common.files.cache_root``).
 
     Returns:
         The folder, complete.
     """
     gguf = Path(gguf)
-    dest = Path(dest) if dest is not None else converted_dir(gguf)
+    dest = converted_dir(gguf, cache_dir)
     fingerprint = gguf_fingerprint(gguf)
     if is_converted(dest, fingerprint):
         return dest
     with build_lock(dest, f"the converted {gguf.name}"):
         if not is_converted(dest, fingerprint):  # another job may have converted it meanwhile
-            _convert_into(gguf, dest, fingerprint, convert)
+            _convert_into(gguf, dest, fingerprint)
     return dest
 
 
-def _convert_into(gguf: Path, dest: Path, fingerprint: str, convert: Callable[[Path, Path], None] | None) -> None:
+def _convert_into(gguf: Path, dest: Path, fingerprint: str) -> None:
     log.info("converting %s to a plain model folder %s (once; takes ~20-60 s)", gguf.name, dest)
     start = time.perf_counter()
 
     def write(tmp: Path) -> None:
-        (convert or convert_gguf)(gguf, tmp)
+        convert_gguf(gguf, tmp)
         files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
         (tmp / MARKER).write_text(json.dumps({"format": CONVERSION_FORMAT, "gguf": fingerprint,
                                               "source": str(gguf), "files": files}, indent=1))

@@ -13,11 +13,11 @@ Jinja, as transformers does, so ``render`` shows the exact text that is tokenize
 
 Constrained decoding (``generation.constrained``) masks the logits with xgrammar before every
 token, through llama-cpp-python's logits processors: the same grammar, compiled for the GGUF
-vocabulary, that the ``hf`` backend uses. A prompt with grounded decoding's candidates
-(``generation.grounded``) decodes under its own grammar, the text vLLM gets for it
-(``cbr2.llm.base.request_grammar``: ``ProgramGrammar.grounded_ebnf``), compiled for the GGUF
-vocabulary before its first token (``cbr2.generation.grammar.compiled_text``; about 0.02 s per
-question of mini-kqapro, against seconds of decoding).
+vocabulary, that the ``hf`` backend uses. A prompt with a grammar of its own (grounded decoding,
+``Prompt.grammar``) decodes under that text, the one vLLM gets for it
+(``cbr2.llm.base.request_grammar``), compiled for the GGUF vocabulary before its first token
+(``cbr2.llm.xgrammar_masks.compiled_text``; about 0.02 s per question of mini-kqapro, against
+seconds of decoding).
 
 ``llama_cpp`` is imported inside the methods that need it.
 """
@@ -34,8 +34,16 @@ from typing import TYPE_CHECKING, Any
 
 from cbr2.common.console import did_you_mean
 from cbr2.common.errors import ConfigError
-from cbr2.common.records import Completion, Prompt
-from cbr2.llm.base import cut_at_stop, decoding_identity, prompt_seed, request_grammar, stop_strings, token_cap
+from cbr2.common.records import Completion, Grammar, Prompt
+from cbr2.llm.base import (
+    Rendering,
+    cut_at_stop,
+    decoding_identity,
+    prompt_seed,
+    request_grammar,
+    stop_strings,
+    token_cap,
+)
 from cbr2.llm.packaged import DEFAULT_MODEL, PACKAGED, gguf_fingerprint, gguf_path
 
 if TYPE_CHECKING:
@@ -122,14 +130,16 @@ class _GrammarMask:
                 raise RuntimeError(mask.error)
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(Rendering):
     """Generates program texts with a GGUF model through llama.cpp.
 
     Args:
         cfg: The ``llm`` config section: ``model``, ``chat``, ``max_new_tokens``, ``temperature``,
             ``top_p``, ``seed``, ``stop`` and ``max_model_len`` (context length) are read.
-        grammar: Decode under this ``ProgramGrammar`` (``generation.constrained``); the token cap
-            is then the grammar's longest text in bytes, so decoding ends with a complete program.
+        grammar: Decode under this grammar (``generation.constrained``); the token cap is then
+            the grammar's longest text in bytes, so decoding ends with a complete program.
+        cache_dir: The cache root of a packaged model's GGUF file and of the compiled grammar
+            (``cbr2.common.files.cache_root``).
 
     Raises:
         ValueError: When ``llm.model`` is not a packaged name or a GGUF file.
@@ -138,10 +148,14 @@ class LlamaCppBackend:
     name = "llamacpp"
     capabilities = frozenset({"constrained", "grounded"})
     """The request's grammar (a grounded prompt's own) masks the logits token by token (``_GrammarMask``)."""
+    uses_cache = True
+    """It keeps a packaged model and the compiled grammar under the cache root: ``make_backend`` hands
+    it ``cache_dir``."""
 
-    def __init__(self, cfg: LLMConfig, grammar: Any = None):
+    def __init__(self, cfg: LLMConfig, grammar: Grammar | None = None, cache_dir: str | Path | None = None):
         self.cfg = cfg
         self.grammar = grammar
+        self.cache_dir = cache_dir
         self.stop = stop_strings(cfg)
         self.max_new_tokens = token_cap(cfg, grammar)
         self.temperature = float(cfg.temperature)
@@ -162,7 +176,7 @@ class LlamaCppBackend:
     def path(self) -> Path:
         """The GGUF file (a packaged model is reassembled and verified on first use)."""
         if self._path is None:
-            self._path = gguf_path(self.model_name)
+            self._path = gguf_path(self.model_name, self.cache_dir)
         return self._path
 
     @property
@@ -206,10 +220,8 @@ class LlamaCppBackend:
             self._metadata()
         return self._llm if self._llm is not None else self._vocab
 
-    def render(self, prompt: Prompt) -> str:
-        """Exactly the text that is tokenized for ``prompt`` (reads the vocabulary, not the weights)."""
-        if not self.uses_chat:
-            return prompt.text
+    def chat_text(self, prompt: Prompt) -> str:
+        """``prompt`` in the chat template the GGUF file carries (reads the vocabulary, not the weights)."""
         template = self._metadata().get("tokenizer.chat_template")
         if not template:
             raise ConfigError(f"llm.chat is on, but {self.path.name} carries no chat template; set llm.chat=false")
@@ -271,19 +283,19 @@ class LlamaCppBackend:
         llm.n_tokens = len(prefix)
 
     def _grammar_processor(self, n_prompt: int, prompt: Prompt) -> Any:
-        """A fresh logits processor list for one output under the prompt's grammar (its grounded
-        grammar when it carries candidates), or None without a grammar."""
+        """A fresh logits processor list for one output under the prompt's grammar (its own,
+        ``Prompt.grammar``, when it has one), or None without a grammar."""
         if self.grammar is None:
             return None
         from llama_cpp import LogitsProcessorList
 
-        from cbr2.generation.grammar import compiled_text
+        from cbr2.llm.xgrammar_masks import compiled_text
 
         llm = self._llm
         if self._vocabulary is None:
             self._vocabulary = _vocabulary(llm)
         compiled = compiled_text(self.grammar, request_grammar(self.grammar, prompt), *self._vocabulary,
-                                 self.grammar.cache_dir)
+                                 self.cache_dir)
         return LogitsProcessorList([_GrammarMask(compiled, n_prompt, llm.n_vocab(), llm.token_eos())])
 
     def generate(self, prompts: Sequence[Prompt],
@@ -360,7 +372,7 @@ def _render_chat(template: str, prompt: Prompt, special: dict[str, str]) -> str:
 
 
 def _vocabulary(llm: Any) -> tuple[Callable[[], Any], str]:
-    """What compiles a grammar for the GGUF vocabulary (``cbr2.generation.grammar.compiled_text``):
+    """What compiles a grammar for the GGUF vocabulary (``cbr2.llm.xgrammar_masks.compiled_text``):
     a builder of its ``xgrammar.TokenizerInfo`` and its fingerprint (the KB grammar's disk cache
     is shared with every run of the same vocabulary)."""
     import llama_cpp

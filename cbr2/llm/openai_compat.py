@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from cbr2.common.errors import ConfigError
-from cbr2.common.records import Completion, Prompt
-from cbr2.llm.base import cut_at_stop, decoding_identity, request_grammar, stop_strings, token_cap
+from cbr2.common.records import Completion, Grammar, Prompt
+from cbr2.llm.base import Rendering, cut_at_stop, decoding_identity, request_grammar, stop_strings, token_cap
 
 if TYPE_CHECKING:
     from cbr2.config import LLMConfig
@@ -90,12 +90,12 @@ def _server_text(err: Any) -> str:
     return text or str(err)
 
 
-class OpenAIBackend:
+class OpenAIBackend(Rendering):
     """Generates through an OpenAI-compatible HTTP API with bounded concurrency and the client's retries.
 
     Args:
         cfg: The ``llm`` config section (DictConfig or ``LLMConfig``).
-        grammar: Decode under this ``ProgramGrammar`` (``generation.constrained``), sent as vLLM's
+        grammar: Decode under this grammar (``generation.constrained``), sent as vLLM's
             ``structured_outputs`` request field: a ``vllm serve`` server (or another server that
             takes the field) is needed.
 
@@ -106,10 +106,10 @@ class OpenAIBackend:
 
     name = "openai"
     capabilities = frozenset({"constrained", "grounded"})
-    """The grammar goes with each request (``structured_outputs``), a grounded prompt's own
-    (``ProgramGrammar.grounded_ebnf``) for grounded decoding; one completion per request."""
+    """The grammar goes with each request (``structured_outputs``), a prompt's own (``Prompt.grammar``)
+    for grounded decoding; one completion per request."""
 
-    def __init__(self, cfg: LLMConfig, grammar: Any = None):
+    def __init__(self, cfg: LLMConfig, grammar: Grammar | None = None):
         self.cfg = cfg
         self.grammar = grammar
         model = cfg.model
@@ -137,10 +137,8 @@ class OpenAIBackend:
         """
         return decoding_identity(self.cfg, self.grammar, backend=self.name, model=self.model, chat=self.uses_chat)
 
-    def render(self, prompt: Prompt) -> str:
-        """What is sent for ``prompt``: the plain text, or the chat messages (the server applies its template)."""
-        if not self.uses_chat:
-            return prompt.text
+    def chat_text(self, prompt: Prompt) -> str:
+        """The chat messages as they are sent, one block each (the server applies its template)."""
         return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in prompt.messages)
 
     def api_key(self) -> str:

@@ -154,7 +154,7 @@ def chunk_paths(model: PackagedModel) -> list[Path]:
     return paths
 
 
-def gguf_path(name: str, cache_dir: str | None = None) -> Path:
+def gguf_path(name: str, cache_dir: str | Path | None = None) -> Path:
     """The reassembled, verified GGUF file of the packaged model ``name``, building it on first use.
 
     A file in the cache is trusted when its size matches and a ``.sha256`` sidecar, written only
@@ -162,7 +162,7 @@ def gguf_path(name: str, cache_dir: str | None = None) -> Path:
 
     Args:
         name: A short name of ``PACKAGED``.
-        cache_dir: The project cache root (``retrieval.cache_dir`` semantics).
+        cache_dir: The cache root (``cbr2.common.files.cache_root``).
 
     Raises:
         ConfigError: For an unknown name.

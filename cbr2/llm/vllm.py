@@ -18,9 +18,8 @@ core computing.
 whose GGUF is converted once into an fp32 transformers folder (vLLM has no GGUF loader).
 
 The method's decoding goes through vLLM's structured outputs, one grammar per request: the run's
-grammar (``generation.constrained``), or for a prompt that carries candidates its grounded form
-(``generation.grounded``: ``ProgramGrammar.grounded_ebnf``, which the ``llamacpp`` backend
-compiles for its GGUF vocabulary too).
+grammar (``generation.constrained``), or a prompt's own (``Prompt.grammar``: grounded decoding,
+``generation.grounded``; the text the ``llamacpp`` backend compiles for its GGUF vocabulary too).
 
 ``vllm`` (and ``torch``/``transformers``) are imported only when needed: ``identity`` needs
 nothing, ``render`` needs only the model's tokenizer (chat mode), and the engine, which loads
@@ -37,10 +36,12 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cbr2.common.records import Completion, Prompt
+from cbr2.common.records import Completion, Grammar, Prompt
 from cbr2.llm.base import (
+    Rendering,
     apply_chat_template,
     cut_at_stop,
     decoding_identity,
@@ -215,7 +216,7 @@ def cpu_engine_kwargs(cfg: LLMConfig, model: str, hf_config: Any) -> dict[str, A
     }
 
 
-def sampling_kwargs(cfg: LLMConfig, grammar: Any = None, ebnf: str | None = None) -> dict[str, Any]:
+def sampling_kwargs(cfg: LLMConfig, grammar: Grammar | None = None, ebnf: str | None = None) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams(...)`` for the llm config section.
 
     Temperature 0 is greedy decoding: ``top_p`` is then 1 and no per-request seed is set (it
@@ -223,11 +224,11 @@ def sampling_kwargs(cfg: LLMConfig, grammar: Any = None, ebnf: str | None = None
 
     Args:
         cfg: The ``llm`` config section (DictConfig or ``LLMConfig``).
-        grammar: A ``ProgramGrammar`` to decode under (``generation.constrained``): vLLM's
+        grammar: The run's grammar to decode under (``generation.constrained``): vLLM's
             structured outputs (xgrammar) mask every step, and ``max_tokens`` becomes the
             grammar's longest text in bytes, so no program is cut mid-line.
-        ebnf: The grammar text of this request when it is not ``grammar.ebnf`` (a grounded
-            prompt's ``request_grammar``; its language is a subset, so the cap holds).
+        ebnf: The grammar text of this request when it is not ``grammar.ebnf`` (a prompt's own,
+            ``request_grammar``; its language is a subset, so the cap holds).
 
     Returns:
         ``temperature``, ``top_p``, ``max_tokens``, ``stop`` and ``seed``; with a grammar also
@@ -339,15 +340,17 @@ one after another in one process) share one engine instead of starting one each 
 on a CPU, and on one GPU a second engine would not fit beside the first)."""
 
 
-class VLLMBackend:
+class VLLMBackend(Rendering):
     """Generates with vLLM's offline engine, all prompts of a call in one batch.
 
     Args:
         cfg: The ``llm`` config section (DictConfig or ``LLMConfig``).
-        grammar: Decode under this ``ProgramGrammar`` (``generation.constrained``).
+        grammar: Decode under this grammar (``generation.constrained``).
         reserve_bytes: What the rest of the process holds on the first GPU beside the engine (the
             retrieval encoders and indexes: ``cbr2.retrieval.gpu_memory``); an unset
             ``llm.gpu_memory_utilization`` leaves it (``memory_share``).
+        cache_dir: The cache root of a packaged model's GGUF file and converted folder
+            (``cbr2.common.files.cache_root``).
     """
 
     name = "vllm"
@@ -355,11 +358,15 @@ class VLLMBackend:
     """A grammar per request through structured outputs (a grounded prompt's own)."""
     shares_gpu = True
     """It takes a share of the GPU's memory at start: ``make_backend`` hands it ``reserve_bytes``."""
+    uses_cache = True
+    """It keeps a packaged model's conversion under the cache root: ``make_backend`` hands it ``cache_dir``."""
 
-    def __init__(self, cfg: LLMConfig, grammar: Any = None, reserve_bytes: int = 0):
+    def __init__(self, cfg: LLMConfig, grammar: Grammar | None = None, reserve_bytes: int = 0,
+                 cache_dir: str | Path | None = None):
         self.cfg = cfg
         self.grammar = grammar
         self.reserve_bytes = reserve_bytes
+        self.cache_dir = cache_dir
         self.model = model_name(cfg)
         self.packaged, self.source = model_source(self.model)
         self.stop = stop_strings(cfg)
@@ -381,7 +388,7 @@ class VLLMBackend:
     def folder(self) -> str:
         """What vLLM loads: the converted folder of a packaged model (converted now if not yet),
         else the hub id or folder."""
-        return model_folder(self.packaged, self.source)
+        return model_folder(self.packaged, self.source, self.cache_dir)
 
     def tokenizer(self) -> Any:
         """The model's tokenizer, loaded once."""
@@ -389,10 +396,8 @@ class VLLMBackend:
             self._tokenizer = load_tokenizer(self.folder())
         return self._tokenizer
 
-    def render(self, prompt: Prompt) -> str:
-        """Exactly the text the engine gets for ``prompt`` (loads the tokenizer in chat mode, never weights)."""
-        if not self.uses_chat:
-            return prompt.text
+    def chat_text(self, prompt: Prompt) -> str:
+        """``prompt`` in the tokenizer's chat template, as the engine gets it (loads the tokenizer, never weights)."""
         return apply_chat_template(self.tokenizer(), prompt)
 
     def engine_key(self) -> str:

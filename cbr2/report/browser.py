@@ -112,7 +112,7 @@ def _run_context(run_dir: Path, bench: Any, case_ids: set[str], selection: Seque
 
         cfg = OmegaConf.load(run_dir / "config.yaml")
         if bench is None:
-            bench = Benchmark.from_config(cfg.data)
+            bench = Benchmark.from_config(cfg.data, cfg.get("cache_dir"))
         if selection is None:  # a folder read on its own (python -m cbr2.report.browser)
             selection = select_questions(bench, cfg)
         index = {q.qid: i for i, q in enumerate(selection)}

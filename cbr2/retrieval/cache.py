@@ -31,14 +31,17 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import faiss
 import numpy as np
 
 from cbr2.common.console import progress
 from cbr2.common.files import file_sha256, open_entry, publish_folder, remove_path, write_atomic
 from cbr2.common.locks import build_lock
 from cbr2.retrieval.index import build_index
+
+if TYPE_CHECKING:  # annotations only: FAISS loads when an index is read or built
+    import faiss
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +163,8 @@ class EmbeddingStore:
         there when the entry exists, so the next run reads it)."""
         if kind is None:
             return None
+        import faiss
+
         if kind == "flat" or not entry.is_dir():  # no entry: storing it failed, and was said
             return build_index(embeddings, kind)
         index = self._read_index(entry, embeddings, kind)
@@ -181,6 +186,8 @@ class EmbeddingStore:
         path, record_path = entry / f"index-{kind}.faiss", entry / f"index-{kind}.json"
         if not record_path.is_file():
             return None
+        import faiss
+
         try:
             record = json.loads(record_path.read_text(encoding="utf-8"))
             if not isinstance(record, dict) or file_sha256(path) != record.get("sha256"):
@@ -202,6 +209,8 @@ class EmbeddingStore:
     @staticmethod
     def _save_index(entry: Path, index: faiss.Index, kind: str) -> None:
         """Store an index beside the embeddings: the file, then its record (the mark that it is whole)."""
+        import faiss
+
         path = entry / f"index-{kind}.faiss"
         tmp = entry / f".{path.name}.tmp"
         try:

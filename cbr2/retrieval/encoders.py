@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cbr2.common.devices import pick_device
 from cbr2.common.errors import ConfigError, SetupError
 from cbr2.retrieval.onnx_backend import ONNX_BACKENDS, OnnxEncoder, ensure_export
 
@@ -65,15 +66,6 @@ def resolve_model(name: str) -> str:
     return name
 
 
-def pick_device(device: str = "auto") -> str:
-    """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``; anything else is returned as is."""
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def onnx_available() -> bool:
     """Whether ONNX Runtime imports (the ``[cpu]`` extra installs it; GPU environments need not have it)."""
     return importlib.util.find_spec("onnxruntime") is not None
@@ -103,14 +95,14 @@ def resolve_backend(backend: str, device: str) -> str:
 
 @functools.lru_cache(maxsize=8)
 def load_encoder(name: str, device: str = "auto", backend: str = "torch",
-                 cache_dir: str | None = None) -> SentenceTransformer | OnnxEncoder:
+                 cache_dir: str | Path | None = None) -> SentenceTransformer | OnnxEncoder:
     """Load a sentence encoder once per process.
 
     Args:
         name: Hub id, local folder, or packaged hub id (see ``PACKAGED``).
         device: ``auto``, ``cpu``, ``cuda``, ``cuda:1`` ...
         backend: ``retrieval.encoder_backend``: ``torch``, ``onnx``, ``onnx-int8`` or ``auto``.
-        cache_dir: Cache root of the ONNX exports (``retrieval.cache_dir``; ``cache.cache_root``).
+        cache_dir: Cache root of the ONNX exports (the top-level ``cache_dir``; ``cache_root``).
 
     Raises:
         SetupError: When the model can be found neither locally nor on the hub (the message

@@ -3,7 +3,7 @@
 The vLLM engine shares the GPU with retrieval in one process, and vLLM takes a fixed share of the
 GPU's memory at start (``llm.gpu_memory_utilization``). So the share it is given leaves what this
 module estimates, from files alone, before anything loads (``cbr2.llm.vllm.memory_share``; the
-smoke check makes the same sum, ``cbr2.llm.smoke``):
+smoke check makes the same sum, ``cbr2.cluster.smoke``):
 
 - each encoder: its parameters x 4 bytes (counted in the ``model.safetensors`` header; the file's
   size for a ``pytorch_model.bin``), once however many views use it;

@@ -13,11 +13,14 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from typing import TYPE_CHECKING
 
-import faiss
 import numpy as np
 
 from cbr2.common.devices import faiss_cpu_fallback, faiss_gpu_error, faiss_gpu_problem, wants_gpu
+
+if TYPE_CHECKING:  # annotations only: FAISS loads when an index is built or searched, not with the runner
+    import faiss
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,8 @@ IVF_ID_BYTES = 8
 
 def gpu_available() -> bool:
     """Whether this FAISS build has GPU support and sees at least one GPU."""
+    import faiss
+
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
@@ -59,6 +64,8 @@ def gpu_resources() -> tuple[faiss.StandardGpuResources, ...]:
     Made on first use and kept for the process (an index must not outlive its resources), each
     with ``FAISS_TEMP_MEMORY`` of scratch memory instead of FAISS's default of up to 1.5 GiB.
     """
+    import faiss
+
     resources = []
     for _ in range(faiss.get_num_gpus()):
         res = faiss.StandardGpuResources()
@@ -88,6 +95,8 @@ def build_index(embeddings: np.ndarray, kind: str = "flat") -> faiss.Index:
     Raises:
         ValueError: On an unknown kind.
     """
+    import faiss
+
     if kind not in INDEX_KINDS:
         raise ValueError(f"unknown retrieval.index {kind!r}; expected one of {', '.join(INDEX_KINDS)}")
     n, dim = embeddings.shape
@@ -117,6 +126,8 @@ def to_device(index: faiss.Index, device: str) -> faiss.Index:
         SetupError: When ``device`` names a GPU (``cuda``) and FAISS's test search on the GPUs
             fails (``faiss_gpu_problem``); ``auto`` keeps the index on the CPU and says so once.
     """
+    import faiss
+
     if device == "cpu" or isinstance(index, faiss.IndexHNSWFlat):
         return index
     if not gpu_available():
@@ -142,6 +153,8 @@ def search(index: faiss.Index, queries: np.ndarray, k: int) -> tuple[np.ndarray,
         ``(scores, ids)``, each ``(len(queries), min(k, index.ntotal))``; ids are row numbers
         of the indexed embeddings, best first (``-1`` never appears: k is capped).
     """
+    import faiss
+
     k = min(k, index.ntotal)
     if k <= 0 or len(queries) == 0:
         return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)

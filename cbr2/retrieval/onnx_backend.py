@@ -222,7 +222,7 @@ def ensure_export(model: SentenceTransformer, root: str | Path, fingerprint: str
 
     Args:
         model: The torch encoder, loaded on any device.
-        root: The cache root (``retrieval.cache_dir``).
+        root: The cache root (the configuration's ``cache_dir``; ``cache_root``).
         fingerprint: ``weights_fingerprint`` of ``model``: the folder belongs to these weights.
         backend: ``onnx`` or ``onnx-int8``.
 

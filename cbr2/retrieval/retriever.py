@@ -10,17 +10,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from omegaconf import DictConfig
 
+from cbr2.common.devices import pick_device
 from cbr2.common.errors import ConfigError
 from cbr2.common.files import cache_root
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.reading import DataError
 from cbr2.retrieval.cache import EmbeddingStore
 from cbr2.retrieval.cases import VIEWS, Case, CaseRetriever, Query, Ranking
-from cbr2.retrieval.encoders import encode, load_encoder, pick_device, weights_fingerprint
+from cbr2.retrieval.encoders import encode, load_encoder, weights_fingerprint
 from cbr2.retrieval.knowledge import Knowledge, KnowledgeRetriever
 from cbr2.retrieval.linking import Linker, Links
 
@@ -82,14 +84,19 @@ class Retrieved:
         }
 
 
-def check_retrieval_config(cfg: DictConfig) -> None:
+def check_retrieval_config(cfg: DictConfig, cache_dir: str | Path | None = None) -> None:
     """Fail on a bad ``retrieval`` section before anything slow (training, encoding) starts.
+
+    Args:
+        cfg: The ``retrieval`` config section.
+        cache_dir: The cache root (the configuration's ``cache_dir``; ``cache_root``), where an ONNX
+            encoder's export is kept.
 
     Raises:
         OSError: When ``retrieval.encoder`` cannot be loaded (it is then cached for later use).
     """
     if cfg.k_ontology > 0 or cfg.k_facts > 0 or "semantic" in CASE_MODES[cfg.cases]:
-        load_encoder(cfg.encoder, pick_device(cfg.device), cfg.encoder_backend, cfg.cache_dir)
+        load_encoder(cfg.encoder, pick_device(cfg.device), cfg.encoder_backend, cache_dir)
 
 
 class Retriever:
@@ -102,18 +109,19 @@ class Retriever:
             when a structural view is computed.
         extra_views: Views ranked for metrics beyond those the cases use (``--retrieval-only``
             ranks all of them).
-        store: Cache; ``retrieval.cache_dir`` by default.
+        cache_dir: The cache root of the embeddings, indexes and ONNX exports (the configuration's
+            ``cache_dir``; ``cache_root``).
     """
 
     def __init__(self, bench: Benchmark, cfg: DictConfig, structural: str | None = None,
-                 extra_views: Sequence[str] = (), store: EmbeddingStore | None = None):
-        check_retrieval_config(cfg)
+                 extra_views: Sequence[str] = (), cache_dir: str | Path | None = None):
+        check_retrieval_config(cfg, cache_dir)
         self.cfg = cfg
         self.case_views = CASE_MODES[cfg.cases]
         self.views = tuple(v for v in VIEWS if v in self.case_views or v in extra_views)
         if "structural" in self.views and not structural:
             raise ConfigError("the structural view needs a structural retriever (structural.checkpoint)")
-        store = self.store = store or EmbeddingStore(cache_root(cfg.cache_dir))
+        store = self.store = EmbeddingStore(cache_root(cache_dir))
         device = pick_device(cfg.device)
         self.pool = bench.questions(bench.family.train_split)
         if self.case_views and (missing := sum(q.program is None for q in self.pool)):
@@ -124,10 +132,10 @@ class Retriever:
         self.encoders: dict[str, tuple[str, object]] = {}
         if cfg.k_ontology > 0 or cfg.k_facts > 0 or "semantic" in self.views:
             self.encoders["semantic"] = (cfg.encoder, load_encoder(cfg.encoder, device, cfg.encoder_backend,
-                                                                    cfg.cache_dir))
+                                                                    cache_dir))
         if "structural" in self.views:
             self.encoders["structural"] = (structural, load_encoder(structural, device, cfg.encoder_backend,
-                                                                    cfg.cache_dir))
+                                                                    cache_dir))
         self.knowledge = None
         if cfg.k_ontology > 0 or cfg.k_facts > 0:
             name, model = self.encoders["semantic"]

@@ -13,6 +13,12 @@ question asked there goes the way an evaluated one does: ``prepare`` (checks, th
 retriever resolved), a ``Retriever`` when the configuration ``retrieves``, ``reach_of`` and
 ``build_prompts``, then an ``Answerer`` (the backend under the run's grammar, the executor and the
 canonicaliser, built once) whose ``answer`` generates, scores and, with the fallback, corrects.
+
+The run loop hands the lower stages what they would otherwise read from sections not theirs, as
+values: the cache root (the configuration's ``cache_dir``) to the KB store, retrieval, the
+canonicaliser and the backend; the grammar to the backend as data (``ProgramGrammar.record``), and
+to each prompt it generates for its own grammar text (``ProgramGrammar.request_prompt``); the
+gold programs to the gold writer.
 """
 
 from __future__ import annotations
@@ -72,7 +78,7 @@ def prepare(cfg: DictConfig, bench: Benchmark, retrieval_only: bool = False) -> 
         # A misspelt backend, or one that cannot decode what the generation section asks, fails
         # before minutes of retrieval and model loading.
         check_capabilities(cfg)
-    check_retrieval_config(cfg.retrieval)
+    check_retrieval_config(cfg.retrieval, cfg.cache_dir)
     if retrieval_only or "structural" in CASE_MODES[cfg.retrieval.cases]:
         # Resolved once and saved in config.yaml, so the run records the exact retriever used.
         return OmegaConf.merge(cfg, {"structural": {"checkpoint": resolve_structural(cfg, bench)}})
@@ -135,7 +141,7 @@ def show_prompt(cfg: DictConfig, index: int) -> str:
     Raises:
         ValueError: If ``index`` is outside the selected questions.
     """
-    bench = Benchmark.from_config(cfg.data)
+    bench = Benchmark.from_config(cfg.data, cfg.cache_dir)
     questions = select_questions(bench, cfg)
     if not 0 <= index < len(questions):
         raise UserError(f"--show-prompt {index}: the selection has {len(questions)} questions (0..{len(questions) - 1})")
@@ -146,10 +152,12 @@ def show_prompt(cfg: DictConfig, index: int) -> str:
              question.category, index + 1, len(questions), question.question)
     retrieved = {}
     if retrieves(cfg.retrieval):
-        retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
+        retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint, cache_dir=cfg.cache_dir)
         retrieved = {question.qid: retriever.retrieve([Query(question.qid, question.question)])[0]}
     (prompt,) = build_prompts(cfg.prompt, cfg.generation, [question], retrieved, reach_of(cfg, bench))
-    return make_backend(cfg.llm, [question], program_format=cfg.prompt.format).render(prompt)
+    backend = make_backend(cfg.llm, {question.qid: question.program}, program_format=cfg.prompt.format,
+                           cache_dir=cfg.cache_dir)
+    return backend.render(prompt)
 
 
 def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str | None = None,
@@ -169,7 +177,7 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
         The metrics (also written to ``metrics.json``).
     """
     ablation = canonical_ablation(ablation)
-    bench = Benchmark.from_config(cfg.data)
+    bench = Benchmark.from_config(cfg.data, cfg.cache_dir)
     shard, num_shards = resolve_shard(cfg.eval)
     cfg = OmegaConf.merge(cfg, {"eval": {"shard": shard, "num_shards": num_shards}})  # as config.yaml records it
     selection = select_questions(bench, cfg)
@@ -259,13 +267,14 @@ class Answerer:
     Args:
         cfg: The resolved configuration (``prepare``).
         bench: The benchmark: its KB (grammar, executor, canonicaliser) and answer form.
-        questions: The questions the gold writer (``llm.backend=gold``) writes programs for; other
-            backends ignore them.
+        questions: The questions the gold writer (``llm.backend=gold``) writes programs for:
+            ``make_backend`` hands it their gold programs; other backends get none.
         indexes_resident: Whether retrieval's indexes stay beside the engine (a process that
             answers questions as they come) rather than being freed before it starts (a run): an
             engine that takes a share of the GPU at start leaves them room (``gpu_reserve``).
 
     Attributes:
+        grammar: The run's grammar (``generation.constrained``), else None.
         backend: The built backend (``cbr2.llm.make_backend``).
         generation_key: The predictions cache's second key (``run_folder.generation_key``).
     """
@@ -273,9 +282,12 @@ class Answerer:
     def __init__(self, cfg: DictConfig, bench: Benchmark, questions: Sequence[Question] = (),
                  indexes_resident: bool = False):
         self.cfg, self.bench = cfg, bench
-        grammar = build_grammar(cfg, bench) if cfg.generation.constrained else None
-        self.backend = make_backend(cfg.llm, questions, grammar=grammar, program_format=cfg.prompt.format,
-                                    gpu_reserve_bytes=gpu_reserve(cfg, bench, indexes_resident))
+        self.grammar = build_grammar(cfg, bench) if cfg.generation.constrained else None
+        self.backend = make_backend(cfg.llm, {q.qid: q.program for q in questions},
+                                    grammar=self.grammar.record() if self.grammar is not None else None,
+                                    program_format=cfg.prompt.format,
+                                    gpu_reserve_bytes=gpu_reserve(cfg, bench, indexes_resident),
+                                    cache_dir=cfg.cache_dir)
         self.generation_key = generation_key(cfg.generation, self.backend)
         self._executor: Executor | None = None
         self._canonicalize: Canonicalizer | None = None
@@ -286,7 +298,7 @@ class Answerer:
         if self._executor is None:
             self._executor = Executor(self.bench.kb, self.cfg.eval.timeout_s, engine=self.cfg.eval.executor)
             if self.cfg.generation.canonicalize:
-                self._canonicalize = build_canonicalizer(self.cfg, self.bench)
+                self._canonicalize = build_canonicalizer(self.cfg, self.bench, self.cfg.cache_dir)
 
     @property
     def executor(self) -> Executor:
@@ -351,11 +363,17 @@ class Answerer:
                     write(record)
                     bar.update()
 
-                self.backend.generate([prompts[i] for i in todo], on_result=on_result)
+                self.backend.generate([self._request(prompts[i]) for i in todo], on_result=on_result)
         if corrections:
             self.load()
+            # A correction prompt carries no candidates: it decodes under the run's grammar.
             _correct(self.bench, self._canonicalize, self.backend,
                      [(i, prompts[i], record) for i, record in corrections], score, write, show_progress)
+
+    def _request(self, prompt: Prompt) -> Prompt:
+        """``prompt`` as the backend decodes it: with its own grammar text when the run's grammar
+        narrows to its candidates (``ProgramGrammar.request_prompt``)."""
+        return self.grammar.request_prompt(prompt) if self.grammar is not None else prompt
 
 
 def _prompt_fields(record: Prediction, prompt: Prompt) -> dict[str, Any]:
@@ -429,7 +447,7 @@ def run_retrieval(cfg: DictConfig, bench: Benchmark, questions: list[Question], 
     r = cfg.retrieval
     if not retrieves(r, extra_views):
         return None, {}
-    retriever = Retriever(bench, r, cfg.structural.checkpoint, extra_views)
+    retriever = Retriever(bench, r, cfg.structural.checkpoint, extra_views, cfg.cache_dir)
     start = time.perf_counter()
     queries = [Query(q.qid, q.question) for q in questions]
     embeddings = retriever.encode(queries, cache=True)

@@ -204,10 +204,11 @@ class KBQA:
             raise ConfigError("llm.backend=gold writes the gold programs of a benchmark's questions, and an asked "
                               "question has none: choose an LLM backend (llamacpp, hf, vllm, openai)")
         check_devices(cfg, llm=True)
-        bench = Benchmark.from_config(cfg.data)
+        bench = Benchmark.from_config(cfg.data, cfg.cache_dir)
         cfg, views = case_views(cfg, bench)
         cfg = prepare(cfg, bench)
-        retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint) if retrieves(cfg.retrieval) else None
+        retriever = (Retriever(bench, cfg.retrieval, cfg.structural.checkpoint, cache_dir=cfg.cache_dir)
+                     if retrieves(cfg.retrieval) else None)
         # The retriever stays loaded beside the engine: its indexes are left room on a shared GPU.
         answerer = Answerer(cfg, bench, indexes_resident=True)
         answerer.load()
