@@ -80,7 +80,7 @@ finally:
 
 def prepare(data: Path, scale: float, seed: int) -> dict[str, Any]:
     """The benchmark folder at ``scale``: written unless its ``generate.json`` matches."""
-    from cbr2.data.builders.synthetic_kqapro import VERSION, write_benchmark
+    from cbr2.data.builders.synthetic_kqapro import VERSION
 
     key = {"generator_version": VERSION, "scale": scale, "seed": seed, "train": TRAIN_QUESTIONS, "val": QUESTIONS}
     meta = data / "generate.json"
@@ -89,7 +89,16 @@ def prepare(data: Path, scale: float, seed: int) -> dict[str, Any]:
         return json.loads(meta.read_text(encoding="utf-8"))["stats"]
     print(f"writing the synthetic KQA Pro at scale {scale} into {data} ...", file=sys.stderr, flush=True)
     shutil.rmtree(data / "cache", ignore_errors=True)  # a KB store of another KB would only take room
-    stats = write_benchmark(data, scale, seed, n_train=TRAIN_QUESTIONS, n_val=QUESTIONS)
+    # In a child: a parent that once held the KB would pass its peak to every later child, since
+    # Linux carries a process's peak RSS across fork and exec into ``ru_maxrss``.
+    code = ("import json, sys; from pathlib import Path; "
+            "from cbr2.data.builders.synthetic_kqapro import write_benchmark; "
+            "print(json.dumps(write_benchmark(Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), "
+            "n_train=int(sys.argv[4]), n_val=int(sys.argv[5]))))")
+    done = subprocess.run([sys.executable, "-c", code, str(data), str(scale), str(seed), str(TRAIN_QUESTIONS),
+                           str(QUESTIONS)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          check=True, capture_output=True, text=True)
+    stats = json.loads(done.stdout.strip().splitlines()[-1])
     meta.write_text(json.dumps({"key": key, "stats": stats}, indent=1), encoding="utf-8")
     return stats
 
