@@ -1,10 +1,15 @@
-"""``publish_folder``: the one way a folder is published whole (caches, KB store, conversions, exports)."""
+"""``publish_folder``: the one way a folder is published whole (caches, KB store, conversions, exports);
+``known_sha256``: a large file hashed once per identity."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
-from cbr2.common.files import publish_folder
+from cbr2.common import files
+from cbr2.common.files import file_sha256, known_sha256, publish_folder
 
 
 def _hidden(parent):
@@ -57,3 +62,28 @@ def test_a_failed_build_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError, match="killed"):
         publish_folder(dest, build)
     assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- known_sha256
+
+def test_a_settled_file_is_hashed_once_and_a_rewritten_one_again(tmp_path, monkeypatch):
+    # A test cannot date a file's change time back: here a file counts as settled at once.
+    monkeypatch.setattr(files, "SETTLED_S", 0.0)
+    cache, kb = tmp_path / "cache", tmp_path / "kb.json"
+    kb.write_text("first")
+    time.sleep(0.01)
+    memo_mtime = kb.stat().st_mtime_ns
+    assert known_sha256(kb, cache) == file_sha256(kb)
+    (memo,) = (cache / "sha256").iterdir()
+    memo.write_text("f" * 64 + "\n")  # what the memo says is what an unchanged file is taken to hold
+    assert known_sha256(kb, cache) == "f" * 64
+    kb.write_text("other")  # same size, another content; dated back to the first one's time
+    os.utime(kb, ns=(kb.stat().st_atime_ns, int(memo_mtime)))
+    assert known_sha256(kb, cache) == file_sha256(kb) != "f" * 64
+
+
+def test_a_file_that_just_changed_is_not_remembered(tmp_path):
+    cache, kb = tmp_path / "cache", tmp_path / "kb.json"
+    kb.write_text("fresh")  # a rewrite within the same clock tick could keep this identity
+    assert known_sha256(kb, cache) == file_sha256(kb)
+    assert not (cache / "sha256").exists()

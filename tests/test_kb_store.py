@@ -97,6 +97,7 @@ def test_a_stored_kb_answers_every_gold_program_as_the_parsed_one(name, loader, 
     assert stored.concepts == parsed.concepts and dict(stored.entities.items()) == parsed.entities
     assert stored.vocabulary == parsed.vocabulary and stored.stats() == parsed.stats()
     assert all(stored.name_of(i) == parsed.name_of(i) for i in [*parsed.entities, *parsed.concepts])
+    assert stored.entity_ids_by_name() == parsed.entity_ids_by_name() and parsed.vocabulary.relation_pairs
     programs = gold_programs(bench)
     assert len(programs) > 400
     for engine in ("cbr2", "kopl"):

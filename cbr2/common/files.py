@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,6 +38,42 @@ def file_sha256(path: str | Path) -> str:
         for block in iter(lambda: handle.read(_BLOCK), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+SETTLED_S = 2.0
+"""How long before it is hashed a file must have last changed for ``known_sha256`` to remember its
+hash: file times tick coarsely (a few ms), so a file rewritten within one tick at the same size
+keeps its time, and a hash taken then is not trusted later (as git treats "racily clean" files)."""
+
+
+def known_sha256(path: str | Path, cache_dir: str | Path | None = None) -> str:
+    """``file_sha256`` of a file, remembered under ``cache_root(cache_dir)/sha256`` by its identity
+    (device, inode, size, modification and change times), so an unchanged large file (a KB, a
+    store entry) is hashed once, not by every process that opens it.
+
+    A file written, replaced, truncated or touched gets another identity and is hashed anew; one
+    that changed less than ``SETTLED_S`` before it was hashed is hashed every time. Where the
+    memo cannot be written (a read-only cache) it is only not remembered.
+    """
+    path = Path(path)
+    st = path.stat()
+    key = f"{os.path.realpath(path)}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
+    memo = cache_root(cache_dir) / "sha256" / hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+    try:
+        known = memo.read_text(encoding="ascii").strip()
+        if len(known) == 64:
+            return known
+    except (OSError, UnicodeDecodeError):
+        pass
+    hashed_at_ns = time.time_ns()
+    sha = file_sha256(path)
+    if hashed_at_ns - max(st.st_mtime_ns, st.st_ctime_ns) > SETTLED_S * 1e9:
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(memo, sha + "\n")
+        except OSError:
+            pass
+    return sha
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -29,7 +29,9 @@ entities one pickle each, read through ``mmap``) and ``meta.json`` (format, kind
 hash and size, the sections' offsets, the size and SHA-256 of ``store.bin``). Like the
 retrieval cache (``cbr2.retrieval.cache``) it is written to a temporary folder and renamed into
 place (``cbr2.common.files.publish_folder``) under a build lock (``cbr2.common.locks``), so shards starting together build it once and never
-see half of it; on every load the metadata, sizes and checksum are verified, and an entry that
+see half of it; on every load the metadata, sizes and checksum are verified (the file and
+``store.bin`` are hashed once per file identity, ``cbr2.common.files.known_sha256``: a file
+rewritten or touched is hashed anew), and an entry that
 does not check out, whatever is wrong with it, is removed with a warning and rebuilt (the layout
 and the writer: ``cbr2.data.kb_store_layout``). The
 pickles are read with an unpickler that resolves no global except ``datetime.date`` (the only
@@ -57,7 +59,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from cbr2.common.files import cache_root, file_sha256, gc_paused, open_entry
+from cbr2.common.files import cache_root, file_sha256, gc_paused, known_sha256, open_entry
 from cbr2.common.locks import build_lock
 from cbr2.data.kb_loaders import load_kqapro_kb, load_metaqa_kb, load_triples_kb
 from cbr2.data.kb_store_layout import ENGINE_SECTIONS, FORMAT, HEADER_KEYS, MAGIC, SECTIONS, write_entry
@@ -219,6 +221,13 @@ class StoredKB(KB):
     def _node(self) -> dict[str, int]:
         return {i: n for n, i in enumerate(self.store.header["ids"][:self.store.header["nodes"]])}
 
+    def entity_ids_by_name(self) -> dict[str, list[str]]:
+        """Each entity name's ids, from the header (no entity is unpickled)."""
+        names, node, ids = self.store.header["names"], self._node, {}
+        for eid in self.store.header["entity_ids"]:
+            ids.setdefault(names[node[eid]], []).append(eid)
+        return ids
+
     def name_of(self, item_id: str) -> str:
         """Name of an entity or concept id (an entity's when the id is both, as in ``KB``)."""
         return self.store.header["names"][self._node[item_id]]
@@ -271,7 +280,7 @@ def load_kb(path: str | Path, kind: str | None = None, cache_dir: str | Path | N
         raise ValueError(f"unknown KB kind {kind!r}; expected one of {', '.join(LOADERS)}")
     if not path.is_file():
         return LOADERS[kind](path)  # raises the loader's DataError (file not found)
-    sha = file_sha256(path)
+    sha = known_sha256(path, cache_dir)
     entry = cache_root(str(cache_dir) if cache_dir is not None else None) / "kb" / sha
     expected = _expected_meta(kind, sha, path.stat().st_size)
     kb = _open(entry, expected, str(path))
@@ -325,7 +334,8 @@ def _read(entry: Path, meta: dict[str, Any]) -> KBStore:
         if (not isinstance(span, list) or len(span) != 2 or not all(type(x) is int for x in span)
                 or span[0] < len(MAGIC) or span[1] < 0 or span[0] + span[1] > size):
             raise ValueError(f"section {name} at {span!r} is not within store.bin")
-    if file_sha256(path) != meta.get("store_sha256"):
+    # The entry's folder is the cache's own (cache_root/kb/...), so its hash memo lives there too.
+    if known_sha256(path, entry.parent.parent) != meta.get("store_sha256"):
         raise ValueError("store.bin does not match its checksum")
     with path.open("rb") as handle:
         mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)

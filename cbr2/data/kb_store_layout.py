@@ -8,6 +8,7 @@ of ``store.bin``. ``cbr2.data.kb_store`` finds, verifies and opens entries; this
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ from typing import Any
 from cbr2.common.files import publish_folder
 from cbr2.kb.model import KB
 
-FORMAT = 1
+FORMAT = 2
 """Bump when the layout of an entry changes (the engine's index layout is ``INDEX_FORMAT``)."""
 
 MAGIC = b"CBR2KBS\n"
@@ -63,8 +64,7 @@ def write_entry(entry: Path, expected: dict[str, Any], kb: KB, indexes: dict[str
     """
     voc = kb.vocabulary
     header = {"concepts": kb.concepts, "entity_ids": list(kb.entities), "stats": kb.stats(),
-              "vocabulary": {"names": voc.names, "concepts": voc.concepts, "keys": voc.keys,
-                             "qualifier_keys": voc.qualifier_keys, "relations": voc.relations, "units": voc.units},
+              "vocabulary": {f.name: getattr(voc, f.name) for f in dataclasses.fields(voc)},
               **{k: indexes[k] for k in ("ids", "nodes", "names", "members", "key_type")}}
 
     def write_files(tmp: Path) -> None:

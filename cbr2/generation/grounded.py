@@ -46,7 +46,6 @@ keys on them, and each prediction records which of its arguments were grounded
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -127,13 +126,11 @@ class Reach:
 
     def __init__(self, kb: KB, hops: int):
         self.kb, self.hops = kb, hops
-        self._ids: dict[str, list[str]] = defaultdict(list)
-        pairs: set[str] = set()
-        for eid, ent in kb.entities.items():
-            self._ids[ent["name"]].append(eid)
-            pairs.update(f"{rel['relation']} | {rel['direction']}" for rel in ent.get("relations", []))
-        self._pairs = len(pairs)
-        self._concept_names = len({c["name"] for c in kb.concepts.values()})
+        # From the vocabulary and the name index, not a walk of the entities: the KB store
+        # keeps both in its header, so only the entities near a question's links are read.
+        self._ids = kb.entity_ids_by_name()
+        self._pairs = len(kb.vocabulary.relation_pairs)
+        self._concept_names = len(kb.vocabulary.concepts)
         self._lineage: dict[str, frozenset[str]] = {}
 
     def _concepts(self, concept_id: str) -> frozenset[str]:

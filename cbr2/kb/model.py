@@ -66,6 +66,8 @@ class Vocabulary:
         qualifier_keys: Qualifier key → value type.
         relations: Relation names.
         units: Attribute or qualifier key → units seen with it.
+        relation_pairs: The ``(relation, direction)`` pairs on the entities' facts: what a
+            ``Relate`` may be given.
     """
 
     names: set[str] = field(default_factory=set)
@@ -74,6 +76,7 @@ class Vocabulary:
     qualifier_keys: dict[str, str] = field(default_factory=dict)
     relations: set[str] = field(default_factory=set)
     units: dict[str, set[str]] = field(default_factory=dict)
+    relation_pairs: set[tuple[str, str]] = field(default_factory=set)
 
 
 @dataclass
@@ -104,6 +107,13 @@ class KB:
         item = self.entities.get(item_id) or self.concepts[item_id]
         return item["name"]
 
+    def entity_ids_by_name(self) -> dict[str, list[str]]:
+        """Each entity name's ids (names are not unique), in the KB's order."""
+        ids: dict[str, list[str]] = {}
+        for eid, ent in self.entities.items():
+            ids.setdefault(ent["name"], []).append(eid)
+        return ids
+
     @cached_property
     def vocabulary(self) -> Vocabulary:
         """The schema vocabulary, computed once."""
@@ -118,6 +128,7 @@ class KB:
                         _note(voc.qualifier_keys, voc.units, qk, qv)
             for rel in ent.get("relations", []):
                 voc.relations.add(rel["relation"])
+                voc.relation_pairs.add((rel["relation"], rel["direction"]))
                 for qk, qvs in rel.get("qualifiers", {}).items():
                     for qv in qvs:
                         _note(voc.qualifier_keys, voc.units, qk, qv)
