@@ -60,7 +60,7 @@ def build_prompts(n: int, overrides: list[str]) -> list[dict[str, str]]:
 
     cfg = load_config(["wandb.mode=disabled", *overrides], files=[CONFIG_DIR / "evaluate.yaml"])
     bench = Benchmark.from_config(cfg.data)
-    questions = select_questions(bench, cfg)[:n]
+    questions = select_questions(bench, cfg.data.split, cfg.eval)[:n]
     cfg = prepare(cfg, bench, retrieval_only=False)  # with the structural retriever resolved
     retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
     retrieved = {r.query.qid: r for r in retriever.retrieve([Query(q.qid, q.question) for q in questions])}

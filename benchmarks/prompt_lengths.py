@@ -31,7 +31,7 @@ ENCODER = "retrieval.encoder=sentence-transformers/all-MiniLM-L6-v2"
 def main(overrides: list[str]) -> dict:
     cfg = compose(Config, files=[CONFIG_DIR / "paper.yaml"], overrides=[ENCODER, *TOKENIZER, *overrides])
     bench = Benchmark.from_config(cfg.data)
-    questions = select_questions(bench, cfg)
+    questions = select_questions(bench, cfg.data.split, cfg.eval)
     cfg = prepare(cfg, bench, retrieval_only=False)
     start = time.time()
     retrieved = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint).retrieve(

@@ -44,7 +44,7 @@ def retrieval_speed(args) -> None:
         overrides.append(f"structural.checkpoint={args.structural}")
     cfg = load_config(overrides, files=[CONFIG_DIR / "evaluate.yaml"], schema=Config)
     bench = Benchmark.from_config(cfg.data)
-    structural = resolve_structural(cfg, bench)
+    structural = resolve_structural(cfg.structural, cfg.data, bench)
     questions = bench.questions()[: args.questions]
     queries = [Query(q.qid, q.question) for q in questions]
     model = load_encoder(cfg.retrieval.encoder, cfg.retrieval.device)

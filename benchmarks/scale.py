@@ -439,7 +439,7 @@ def _encoder_stages(stage, state: dict, folder: Path, stages: list[str], sample:
         bench = Benchmark("kqapro", folder)
         bench.__dict__["kb"] = kb
         with tempfile.TemporaryDirectory() as cache, stage("canonicaliser build (cold cache)") as row:
-            build_canonicalizer(cfg, bench, cache)
+            build_canonicalizer(cfg.retrieval, cfg.generation.canonicalize_threshold, bench, cache)
             row["items"] = sum(len(slot_items(kb.vocabulary, k)) for k in SLOT_KINDS)
 
 

@@ -182,7 +182,7 @@ def test_the_prompts_of_each_setting_hold_what_table5_defines(bases, base):
                       overrides=["data.name=mini-kqapro", "llm.backend=gold", f"retrieval.encoder={minilm}",
                                  f"structural.checkpoint={minilm}", "retrieval.device=cpu", "eval.limit=1"])
         bench = Benchmark(cfg.data.name)
-        (question,) = select_questions(bench, cfg)
+        (question,) = select_questions(bench, cfg.data.split, cfg.eval)
         cfg = prepare(cfg, bench)
         (item,) = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint).retrieve([Query(question.qid,
                                                                                               question.question)])

@@ -170,7 +170,8 @@ def test_real_encoder_snaps_a_paraphrased_key(tmp_path):
     bench = Benchmark("mini-kqapro")
     cfg = load_config(["data.name=mini-kqapro", "retrieval.device=cpu", f"cache_dir={tmp_path}",
                        "generation.canonicalize=true"])
-    canon = build_canonicalizer(cfg, bench, cfg.cache_dir)  # as the run loop hands it on
+    # As the run loop hands it on.
+    canon = build_canonicalizer(cfg.retrieval, cfg.generation.canonicalize_threshold, bench, cfg.cache_dir)
     assert canon.threshold == 0.8
     assert "altitude above sea level" not in bench.kb.vocabulary.keys
 
@@ -197,6 +198,6 @@ def test_real_encoder_snaps_a_paraphrased_key(tmp_path):
         return {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if "vocab-" in str(p.relative_to(tmp_path))}
 
     written = entries()
-    again = build_canonicalizer(cfg, bench, cfg.cache_dir)
+    again = build_canonicalizer(cfg.retrieval, cfg.generation.canonicalize_threshold, bench, cfg.cache_dir)
     assert entries() == written  # every slot read from its entry, none encoded and written again
     assert again.nearest("altitude above sea level", "key", k=1)[0][0] == "elevation above sea level"

@@ -126,7 +126,8 @@ def test_show_prompt_prints_the_prompt_and_nothing_else(tmp_path):
     from cbr2.data.benchmarks import Benchmark
     from cbr2.run.runner import select_questions
 
-    third = select_questions(Benchmark("mini-kqapro"), load_config(["eval.per_category=null"]))[2]
+    cfg = load_config(["eval.per_category=null"])
+    third = select_questions(Benchmark("mini-kqapro"), cfg.data.split, cfg.eval)[2]
     assert f"--show-prompt 2: question id {third.qid} ({third.category})" in proc.stderr
     full = _run("--show-prompt", "2", "--ablation", "full", BACKBONE, "llm.model=smollm2-135m", cwd=tmp_path).stdout
     assert "\nOntology:" in full and full.split("\n\nQuestion:")[-1] != out.split("\n\nQuestion:")[-1]

@@ -378,20 +378,21 @@ def test_case_views_follow_the_number_of_cases(tmp_path, caplog):
                                           f"structural.checkpoints_dir={tmp_path / 'ckpt'}", *more])
 
     enough = cfg(CASES_FILE)
-    assert case_views_for(enough, Benchmark.from_config(enough.data))[0] == "dual"
+    assert case_views_for(enough.retrieval, Benchmark.from_config(enough.data))[0] == "dual"
     few = cfg(_few_cases(tmp_path, 5))
     bench = Benchmark.from_config(few.data)
     assert len(bench.questions()) == 5
     with caplog.at_level("INFO", logger="cbr2.structural.on_demand"):
-        mode, why = case_views_for(few, bench)
+        mode, why = case_views_for(few.retrieval, bench)
     assert mode == "semantic" and f"holds 5 cases, fewer than the {MIN_STRUCTURAL_CASES}" in why and why in caplog.text
-    assert case_views_for(cfg(bench.cases_path, "retrieval.cases=random"), bench)[0] == "random"
-    assert case_views_for(compose(Config), Benchmark("mini-kqapro"))[0] == "dual"
+    assert case_views_for(cfg(bench.cases_path, "retrieval.cases=random").retrieval, bench)[0] == "random"
+    assert case_views_for(compose(Config).retrieval, Benchmark("mini-kqapro"))[0] == "dual"
     # An evaluation never changes retrieval.cases: it refuses in one line, saying what to set.
     with pytest.raises(ConfigError, match="holds 5 cases, fewer than the 30 a structural retriever is trained on: "
                                           "set retrieval.cases=semantic"):
-        resolve_structural(few, bench)
-    assert resolve_structural(cfg(bench.cases_path, "structural.checkpoint=some/folder"), bench) == "some/folder"
+        resolve_structural(few.structural, few.data, bench)
+    given = cfg(bench.cases_path, "structural.checkpoint=some/folder")
+    assert resolve_structural(given.structural, given.data, bench) == "some/folder"
 
 
 def test_the_threshold_leaves_two_held_out_cases_at_the_default_holdout():
@@ -424,7 +425,7 @@ def test_linking_and_narrowing_ground_a_custom_question_in_the_kb(monkeypatch):
     (retrieved,) = retriever.retrieve([Query(question.qid, question.question)])
     assert retrieved.links.entities == ("Data Structures",) and retrieved.links.concepts == ("course",)
     assert retrieved.cases and all(c.question.qid.startswith("case-") for c in retrieved.cases)
-    reach = reach_of(cfg, bench)
+    reach = reach_of(cfg.generation, cfg.retrieval.link, bench)
     assert reach is not None and reach.hops == 2  # the cases' longest Relate chain
     (prompt,) = build_prompts(cfg.prompt, cfg.generation, [question], {question.qid: retrieved}, reach)
     grounding = dict(prompt.grounding)
@@ -455,8 +456,8 @@ def test_the_structural_retriever_trains_on_the_walk_through_and_is_found_by_its
     assert Path(result["checkpoint"]).name == f"structural-{name}-{result['run_id']}"
     cfg = compose(Config, overrides=[*data, f"structural.checkpoints_dir={where}"])
     monkeypatch.setattr("cbr2.structural.train.train", lambda *a: pytest.fail("trained again"))
-    assert resolve_structural(cfg, Benchmark.from_config(cfg.data)) == result["checkpoint"]
+    assert resolve_structural(cfg.structural, cfg.data, Benchmark.from_config(cfg.data)) == result["checkpoint"]
     cases.write_text(cases.read_text() + "\n# changed\n")  # another content: that retriever is not this one's
     with pytest.raises(pytest.fail.Exception, match="trained again"):
-        resolve_structural(cfg, Benchmark.from_config(cfg.data))
+        resolve_structural(cfg.structural, cfg.data, Benchmark.from_config(cfg.data))
 

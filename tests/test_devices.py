@@ -14,6 +14,7 @@ from cbr2.common import devices
 from cbr2.common.devices import Devices, check_devices, probe, wants_gpu
 from cbr2.common.errors import SetupError
 from cbr2.config import Config, TrainConfig, compose
+from cbr2.run.runner import device_settings
 
 NONE = Devices(cuda=0, faiss_build="cpu", faiss_gpus=0, torch_version="2.13.0+cpu", vllm_cpu=False)
 ONE_GPU_CPU_FAISS = Devices(cuda=1, faiss_build="cpu", faiss_gpus=0, torch_version="2.14.0", vllm_cpu=False)
@@ -41,6 +42,11 @@ def _cfg(*overrides):
     return compose(Config, overrides=list(overrides))
 
 
+def _check(cfg, llm=True, dev=None):
+    """The device check of an evaluation of ``cfg``, as ``evaluate.py`` makes it."""
+    return check_devices(**device_settings(cfg, llm=llm), dev=dev)
+
+
 def test_gpu_device_names():
     assert all(wants_gpu(d) for d in ("cuda", "cuda:1", "CUDA:0", "gpu"))
     assert not any(wants_gpu(d) for d in ("auto", "cpu", "mps"))
@@ -59,46 +65,46 @@ def test_the_probe_sees_this_machine(no_cuda):
 ])
 def test_a_gpu_where_there_is_none_is_one_line(no_cuda, overrides, key):
     with pytest.raises(SetupError, match=f"^{key} asks for a GPU, but torch .* sees none") as err:
-        check_devices(_cfg(*overrides))
+        _check(_cfg(*overrides))
     assert "\n" not in str(err.value) and "make install-gpu" in str(err.value)
 
 
 def test_auto_and_cpu_settings_run_without_a_gpu(no_cuda):
-    assert check_devices(_cfg()).cuda == 0
-    check_devices(_cfg("llm.backend=hf", "llm.device=cpu", "retrieval.device=cpu"))
+    assert _check(_cfg()).cuda == 0
+    _check(_cfg("llm.backend=hf", "llm.device=cpu", "retrieval.device=cpu"))
     # A device of the LLM is not checked when the run does not load it (--show-prompt, --retrieval-only).
-    check_devices(_cfg("llm.backend=vllm"), llm=False)
+    _check(_cfg("llm.backend=vllm"), llm=False)
 
 
 def test_vllms_cpu_build_runs_without_a_gpu():
-    check_devices(_cfg("llm.backend=vllm"), dev=Devices(0, "cpu", 0, "2.13.0+cpu", vllm_cpu=True))
+    _check(_cfg("llm.backend=vllm"), dev=Devices(0, "cpu", 0, "2.13.0+cpu", vllm_cpu=True))
 
 
 def test_gpu_retrieval_needs_faiss_gpus():
     with pytest.raises(SetupError, match=r"^retrieval.device=cuda asks for GPU retrieval, .* the CPU build"):
-        check_devices(_cfg("retrieval.device=cuda"), dev=ONE_GPU_CPU_FAISS)
+        _check(_cfg("retrieval.device=cuda"), dev=ONE_GPU_CPU_FAISS)
     with pytest.raises(SetupError, match="the GPU build but sees no GPU"):
-        check_devices(_cfg("retrieval.device=cuda"), dev=Devices(1, "gpu", 0, "2.14.0", False))
+        _check(_cfg("retrieval.device=cuda"), dev=Devices(1, "gpu", 0, "2.14.0", False))
 
 
 def test_auto_with_cpu_faiss_on_a_gpu_says_so(caplog):
     with caplog.at_level(logging.INFO, logger="cbr2.common.devices"):
-        check_devices(_cfg(), dev=ONE_GPU_CPU_FAISS)
+        _check(_cfg(), dev=ONE_GPU_CPU_FAISS)
     assert "FAISS is the cpu build and sees 0 GPU(s)" in caplog.text
     assert any(r.levelno == logging.WARNING for r in caplog.records)
 
 
 def test_a_gpu_number_beyond_the_allocation_is_named():
     with pytest.raises(SetupError, match=r"llm.device=cuda:1: torch sees 1 GPU\(s\), numbered 0..0"):
-        check_devices(_cfg("llm.backend=hf", "llm.device=cuda:1"), dev=ONE_GPU)
+        _check(_cfg("llm.backend=hf", "llm.device=cuda:1"), dev=ONE_GPU)
 
 
 def test_gpus_that_are_there_pass(one_gpu, caplog):
     with caplog.at_level(logging.INFO, logger="cbr2.common.devices"):
-        dev = check_devices(_cfg("retrieval.device=cuda", "llm.backend=vllm"))
+        dev = _check(_cfg("retrieval.device=cuda", "llm.backend=vllm"))
     assert (dev.cuda, dev.faiss_build, dev.faiss_gpus) == (1, "gpu", 1)
     assert "FAISS is the gpu build and sees 1 GPU(s)" in caplog.text
-    check_devices(compose(TrainConfig, overrides=["trainer.accelerator=gpu"]))
+    check_devices(accelerator=compose(TrainConfig, overrides=["trainer.accelerator=gpu"]).trainer.accelerator)
 
 
 def test_evaluate_stops_before_reading_the_data(no_cuda, tmp_path, capsys):
@@ -121,13 +127,13 @@ def test_a_faiss_that_cannot_search_on_its_gpu_stops_cuda_and_warns_auto_once(ca
     broken = Devices(1, "gpu", 1, "2.14.0", False, faiss_problem=problem)
     with pytest.raises(SetupError, match=r"^retrieval.device=cuda: FAISS \(faiss-gpu-cu12 1.14.1\) cannot search on "
                                          r"GPU 0 .*9.0.*faiss-gpu 1.15.1 .*faiss-gpu-cu13-cuvs") as err:
-        check_devices(_cfg("retrieval.device=cuda"), dev=broken)
+        _check(_cfg("retrieval.device=cuda"), dev=broken)
     assert "\n" not in str(err.value)
     devices.faiss_cpu_fallback.cache_clear()
     with caplog.at_level(logging.WARNING, logger="cbr2.common.devices"):
-        check_devices(_cfg(), dev=broken)
-        check_devices(_cfg(), dev=broken)  # a sweep task's second run in the same process: said once
-        check_devices(_cfg("retrieval.device=cpu"), dev=broken)  # no GPU retrieval: nothing to say
+        _check(_cfg(), dev=broken)
+        _check(_cfg(), dev=broken)  # a sweep task's second run in the same process: said once
+        _check(_cfg("retrieval.device=cpu"), dev=broken)  # no GPU retrieval: nothing to say
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and warnings[0].startswith(f"retrieval: {problem}; the FAISS indexes stay on the CPU")
     devices.faiss_cpu_fallback.cache_clear()

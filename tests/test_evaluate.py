@@ -215,7 +215,8 @@ def test_a_constrained_cpu_llm_run_writes_only_well_typed_programs(tmp_path, mod
     metrics, out = evaluate(tmp_path, "llm.backend=llamacpp", f"llm.model={model}", "eval.limit=2",
                             "generation.constrained=true")
     records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
-    grammar = build_grammar(load_config(["generation.constrained=true"]), Benchmark("mini-kqapro"))
+    constrained = load_config(["generation.constrained=true"])
+    grammar = build_grammar(constrained.generation, constrained.prompt.format, Benchmark("mini-kqapro"))
     assert len(records) == 2
     for r in records:
         assert grammar.accepts(r["generated"]), r["generated"]
@@ -285,7 +286,7 @@ def test_the_backend_gets_the_grammar_as_data_and_each_grounded_prompt_its_own_t
     cfg = load_config([f"output_dir={tmp_path / 'run'}", "llm.backend=fake", "eval.limit=6", "wandb.mode=disabled",
                        "retrieval.cases=random", f"cache_dir={tmp_path / 'cache'}"])  # links without an encoder
     run_evaluation(cfg)
-    grammar = build_grammar(cfg, Benchmark("mini-kqapro"))
+    grammar = build_grammar(cfg.generation, cfg.prompt.format, Benchmark("mini-kqapro"))
     assert fake_backend.grammar == grammar.record()
     grounded = [p for p in fake_backend.prompts if p.grounding]
     assert grounded and all(p.grammar == grammar.grounded_ebnf(dict(p.grounding)) for p in grounded)

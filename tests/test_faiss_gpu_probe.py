@@ -24,6 +24,7 @@ from cbr2.common.devices import check_devices, faiss_gpu_problem, probe
 from cbr2.common.errors import SetupError
 from cbr2.config import Config, compose
 from cbr2.retrieval import index as index_module
+from cbr2.run.runner import device_settings
 
 FAKE_FAISS = '''
 """A stand-in for FAISS's GPU build: numpy searches on the CPU; the GPU as FAKE_FAISS_GPU says."""
@@ -134,6 +135,11 @@ def _cfg(device: str):
     return compose(Config, overrides=[f"retrieval.device={device}"])
 
 
+def _check(cfg, llm=True):
+    """The device check of an evaluation of ``cfg``, as ``evaluate.py`` makes it."""
+    return check_devices(**device_settings(cfg, llm=llm))
+
+
 def _cpu_index():
     import faiss  # the stand-in
 
@@ -159,7 +165,7 @@ def test_a_probe_that_raises_keeps_auto_on_the_cpu_with_one_warning(fake_faiss, 
     monkeypatch.setenv("FAKE_FAISS_GPU", "raise")
     cpu = _cpu_index()
     with caplog.at_level(logging.INFO):
-        dev = check_devices(_cfg("auto"))
+        dev = _check(_cfg("auto"))
         moved = [index_module.to_device(cpu, "auto") for _ in range(3)]
     assert dev.faiss_gpus == 1 and "no kernel image" in dev.faiss_problem
     assert all(m is cpu for m in moved)  # searched on the CPU
@@ -173,7 +179,7 @@ def test_a_probe_that_raises_keeps_auto_on_the_cpu_with_one_warning(fake_faiss, 
 def test_explicit_cuda_stops_in_one_line_naming_the_build_the_gpu_and_the_wheels(fake_faiss, monkeypatch):
     monkeypatch.setenv("FAKE_FAISS_GPU", "raise")
     with pytest.raises(SetupError) as err:
-        check_devices(_cfg("cuda"))
+        _check(_cfg("cuda"))
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("retrieval.device=cuda: FAISS (faiss-")  # the installed distribution and version
@@ -199,7 +205,7 @@ def test_other_neighbours_than_the_cpus_are_a_problem(fake_faiss, monkeypatch):
 
 def test_a_good_probe_moves_the_indexes_to_the_gpu_on_shared_resources(fake_faiss, caplog):
     with caplog.at_level(logging.INFO):
-        dev = check_devices(_cfg("cuda"))
+        dev = _check(_cfg("cuda"))
         first, second = (index_module.to_device(_cpu_index(), device) for device in ("cuda", "auto"))
     assert dev.faiss_problem is None
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -211,8 +217,8 @@ def test_a_good_probe_moves_the_indexes_to_the_gpu_on_shared_resources(fake_fais
 
 
 def test_the_probe_runs_only_where_retrieval_would_search_on_the_gpus(fake_faiss):
-    check_devices(_cfg("cpu"))
-    check_devices(compose(Config, overrides=["retrieval.device=cpu", "llm.backend=gold"]), llm=False)
+    _check(_cfg("cpu"))
+    _check(compose(Config, overrides=["retrieval.device=cpu", "llm.backend=gold"]), llm=False)
     assert probe().faiss_problem is None and not fake_faiss
     assert probe(faiss_search=True).faiss_problem is None and len(fake_faiss) == 1
 

@@ -259,13 +259,16 @@ def test_canonicalize_and_constrained_reach_scoring_and_the_backend(tmp_path, fi
 
     built, grammars = [], []
 
-    def grammar(cfg, bench):
+    def grammar(gen, program_format, bench):
         built.append("grammar")
-        grammars.append(build_grammar(cfg, bench))
+        grammars.append(build_grammar(gen, program_format, bench))
         return grammars[-1]
 
-    monkeypatch.setattr("cbr2.run.runner.build_canonicalizer",
-                        lambda cfg, bench, cache_dir: built.append("canon") or Canonicalizer(bench.kb.vocabulary))
+    def canonicalizer(retrieval, threshold, bench, cache_dir):
+        built.append("canon")
+        return Canonicalizer(bench.kb.vocabulary)
+
+    monkeypatch.setattr("cbr2.run.runner.build_canonicalizer", canonicalizer)
     monkeypatch.setattr("cbr2.run.runner.build_grammar", grammar)
     fixer.script = lambda q, i: typo(q)
     out = tmp_path / "run"

@@ -138,7 +138,7 @@ def test_find_is_free_text_above_the_closed_entity_limit():
 
 def test_build_grammar_follows_the_config(kqapro):
     cfg = load_config(["prompt.format=chain", "generation.max_lines=3"])
-    g = build_grammar(cfg, kqapro)
+    g = build_grammar(cfg.generation, cfg.prompt.format, kqapro)
     assert g.fmt == "chain" and g.bounds.max_lines == 3
     assert g.max_bytes < ProgramGrammar(kqapro.kb.vocabulary, "chain").max_bytes
 

@@ -365,21 +365,23 @@ def _train_cfg(*overrides):
     return load_config(list(overrides), files=[CONFIG_DIR / "train.yaml"], schema=TrainConfig)
 
 
-def test_runs_that_train_differently_get_different_ids():
+def _run_id(cfg):
     from cbr2.structural.train import run_id
 
-    base = run_id(_train_cfg())
-    others = [run_id(_train_cfg(o)) for o in ("trainer.max_steps=40", "trainer.max_epochs=5", "structural.lr=3e-5",
-                                              "trainer.precision=bf16-mixed", "trainer.accumulate_grad_batches=2",
-                                              "seed=1")]
+    return run_id(cfg.data, cfg.structural, cfg.seed, cfg.trainer)
+
+
+def test_runs_that_train_differently_get_different_ids():
+    base = _run_id(_train_cfg())
+    others = [_run_id(_train_cfg(o)) for o in ("trainer.max_steps=40", "trainer.max_epochs=5", "structural.lr=3e-5",
+                                               "trainer.precision=bf16-mixed", "trainer.accumulate_grad_batches=2",
+                                               "seed=1")]
     assert len({base, *others}) == 1 + len(others)
 
 
 def test_attempts_on_other_hardware_keep_the_id():
-    from cbr2.structural.train import run_id
-
-    base = run_id(_train_cfg())
+    base = _run_id(_train_cfg())
     for o in (["trainer.devices=4", "trainer.strategy=ddp"], ["trainer.num_nodes=2"], ["trainer.accelerator=gpu"],
               ["trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false"]):
-        assert run_id(_train_cfg(*o)) == base, o
+        assert _run_id(_train_cfg(*o)) == base, o
 

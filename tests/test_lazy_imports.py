@@ -18,6 +18,7 @@ import pytest
 from cbr2.common import devices
 from cbr2.common.devices import Devices, check_devices, uses_torch_or_faiss
 from cbr2.config import Config, TrainConfig, compose
+from cbr2.run.runner import device_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,16 +93,19 @@ def probes(monkeypatch) -> list[bool]:
 ])
 def test_the_probe_runs_when_the_run_uses_torch_or_faiss(probes, overrides, kwargs, probed):
     cfg = compose(Config, overrides=[*NO_RETRIEVAL, *overrides])
-    assert uses_torch_or_faiss(cfg, **kwargs) is probed
-    dev = check_devices(cfg, **kwargs)
+    settings = device_settings(cfg, **kwargs)
+    assert uses_torch_or_faiss(encodes=settings["encodes"], llm_backend=settings["llm_backend"]) is probed
+    dev = check_devices(**settings)
     assert (dev is ONE_GPU, len(probes)) == ((True, 1) if probed else (False, 0))
 
 
 def test_training_is_always_probed(probes):
-    assert check_devices(compose(TrainConfig, overrides=[])) is ONE_GPU and probes == [False]
+    accelerator = str(compose(TrainConfig, overrides=[]).trainer.get("accelerator", "auto"))
+    assert check_devices(accelerator=accelerator) is ONE_GPU and probes == [False]
 
 
 def test_a_gpu_setting_of_a_component_the_run_does_not_use_is_not_checked(probes):
     # No encoder: retrieval.device places nothing, and a machine without GPUs may run this.
-    assert check_devices(compose(Config, overrides=[*NO_RETRIEVAL, "retrieval.device=cuda"])) is None
+    cfg = compose(Config, overrides=[*NO_RETRIEVAL, "retrieval.device=cuda"])
+    assert check_devices(**device_settings(cfg)) is None
     assert not probes

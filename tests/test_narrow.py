@@ -129,14 +129,14 @@ def test_prompts_carry_the_narrowed_candidates_only_when_asked(bench):
     retrieved = {question.qid: Retrieved(Query(question.qid, question.question), Knowledge(), [], links=links)}
     (plain,) = build_prompts(on.prompt, on.generation, [question], retrieved)
     assert RELATE not in dict(plain.grounding)  # no Reach given: nothing narrowed
-    assert reach_of(OmegaConf.merge(on, {"generation": {"narrow": False}}), bench) is None
-    reach = reach_of(on, bench)
+    assert reach_of(OmegaConf.merge(on.generation, {"narrow": False}), on.retrieval.link, bench) is None
+    reach = reach_of(on.generation, on.retrieval.link, bench)
     assert reach is not None and reach.hops == pool_hops(q.program for q in bench.questions("train"))
     (narrowed,) = build_prompts(on.prompt, on.generation, [question], retrieved, reach)
     grounding = dict(narrowed.grounding)
     assert grounding[RELATE] == reach.candidates(links)[RELATE]
     # Grounded decoding off: narrowing does not act either.
-    assert reach_of(OmegaConf.merge(on, {"generation": {"grounded": False}}), bench) is None
+    assert reach_of(OmegaConf.merge(on.generation, {"grounded": False}), on.retrieval.link, bench) is None
 
 
 def test_predictions_record_whether_each_relate_and_concept_was_in_reach():

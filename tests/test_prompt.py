@@ -117,32 +117,36 @@ def test_every_ablation_is_a_small_delta_and_unknown_names_list_the_valid_ones()
 
 # ---------------------------------------------------------------- the balanced sample
 
+def _select(bench, overrides):
+    cfg = load_config(overrides)
+    return select_questions(bench, cfg.data.split, cfg.eval)
+
 
 def test_per_category_sample_follows_the_literature_recipe():
     bench = Benchmark("mini-kqapro")
     cfg = load_config(["eval.per_category=7"])
-    picked = select_questions(bench, cfg)
+    picked = select_questions(bench, cfg.data.split, cfg.eval)
     assert Counter(q.category for q in picked) == {c: 7 for c in {q.category for q in bench.questions("val")}}
     shuffled = list(bench.questions("val"))
     random.Random(123).shuffle(shuffled)
     assert [q.qid for q in picked] == [q.qid for q in shuffled if q in picked]  # shuffled order, first 7 of each
-    assert [q.qid for q in select_questions(bench, cfg)] == [q.qid for q in picked]  # deterministic
-    other = select_questions(bench, load_config(["eval.per_category=7", "eval.sample_seed=1"]))
+    assert [q.qid for q in _select(bench, ["eval.per_category=7"])] == [q.qid for q in picked]  # deterministic
+    other = _select(bench, ["eval.per_category=7", "eval.sample_seed=1"])
     assert {q.qid for q in other} != {q.qid for q in picked}
-    assert len(select_questions(bench, load_config(["eval.per_category=null"]))) == 450
-    assert len(select_questions(bench, load_config(["eval.per_category=7", "eval.limit=10"]))) == 10
+    assert len(_select(bench, ["eval.per_category=null"])) == 450
+    assert len(_select(bench, ["eval.per_category=7", "eval.limit=10"])) == 10
 
 
 def test_a_skipped_sample_is_disjoint_from_the_one_it_skips():
     """Tune on eval.per_category=3, report on eval.per_category=10 eval.skip_per_category=3."""
     bench = Benchmark("mini-kqapro")
-    tuned = {q.qid for q in select_questions(bench, load_config(["eval.per_category=3"]))}
-    held = select_questions(bench, load_config(["eval.per_category=10", "eval.skip_per_category=3"]))
-    both = {q.qid for q in select_questions(bench, load_config(["eval.per_category=13"]))}
+    tuned = {q.qid for q in _select(bench, ["eval.per_category=3"])}
+    held = _select(bench, ["eval.per_category=10", "eval.skip_per_category=3"])
+    both = {q.qid for q in _select(bench, ["eval.per_category=13"])}
     assert len(held) == 90 and not tuned & {q.qid for q in held} and tuned | {q.qid for q in held} == both
     for bad in (["eval.skip_per_category=-1"], ["eval.skip_per_category=3", "eval.per_category=null"]):
         with pytest.raises(ValueError, match="eval.skip_per_category"):
-            select_questions(bench, load_config(bad))
+            _select(bench, bad)
 
 
 def test_paper_yaml_holds_the_papers_setting():

@@ -423,7 +423,7 @@ def _resolve(tmp_path, *overrides):
     from cbr2.structural.on_demand import resolve_structural
 
     cfg = load_config([f"structural.checkpoints_dir={tmp_path}", *overrides])
-    return resolve_structural(cfg, Benchmark(cfg.data.name, cfg.data.root))
+    return resolve_structural(cfg.structural, cfg.data, Benchmark(cfg.data.name, cfg.data.root))
 
 
 def test_the_newest_retriever_of_the_same_dataset_is_used(tmp_path):

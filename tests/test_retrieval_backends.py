@@ -14,6 +14,7 @@ from cbr2.retrieval.cache import EmbeddingStore
 from cbr2.retrieval.encoders import encode, load_encoder, resolve_backend, unique_texts, weights_fingerprint
 from cbr2.retrieval.index import build_index, search
 from cbr2.retrieval.onnx_backend import export_onnx
+from cbr2.run.runner import device_settings
 
 pytest.importorskip("onnxruntime")
 
@@ -151,7 +152,9 @@ def test_auto_is_onnx_on_a_cpu_and_torch_on_a_gpu():
 def test_a_cpu_only_backend_on_a_gpu_node_stops_at_start(device):
     cfg = compose(Config, overrides=["retrieval.encoder_backend=onnx", f"retrieval.device={device}"])
     with pytest.raises(SetupError, match=r"^retrieval.encoder_backend=onnx ") as err:
-        check_devices(cfg, dev=ONE_GPU)
+        check_devices(**device_settings(cfg), dev=ONE_GPU)
     assert "\n" not in str(err.value)
-    check_devices(compose(Config, overrides=["retrieval.encoder_backend=onnx", "retrieval.device=cpu"]), dev=ONE_GPU)
-    check_devices(compose(Config, overrides=[f"retrieval.device={device}"]), dev=ONE_GPU)  # auto: torch there
+    cpu = compose(Config, overrides=["retrieval.encoder_backend=onnx", "retrieval.device=cpu"])
+    check_devices(**device_settings(cpu), dev=ONE_GPU)
+    torch_there = compose(Config, overrides=[f"retrieval.device={device}"])
+    check_devices(**device_settings(torch_there), dev=ONE_GPU)  # auto: torch there

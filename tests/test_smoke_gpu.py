@@ -119,10 +119,10 @@ def test_missing_data_and_structural_retriever_say_what_to_run(tmp_path):
                   overrides=["data.name=kqapro", f"data.root={tmp_path}", f"structural.checkpoints_dir={tmp_path}"])
     with pytest.raises(smoke.SmokeError, match=rf"^data.name=kqapro data.root={tmp_path}: .*"
                                                rf"python -m cbr2.data check {tmp_path}"):
-        smoke.check_data(cfg)
+        smoke.check_data(cfg.data, cfg.cache_dir)
     with pytest.raises(smoke.SmokeError, match=rf"no structural retriever for kqapro .*sbatch slurm/train.sbatch "
                                                rf"data.name=kqapro data.root={tmp_path}"):
-        smoke.check_structural(cfg)
+        smoke.check_structural(cfg.retrieval, cfg.structural, cfg.data)
 
 
 def test_a_broken_data_folder_is_named_with_its_first_problem(tmp_path):
@@ -132,13 +132,13 @@ def test_a_broken_data_folder_is_named_with_its_first_problem(tmp_path):
     for name in ("kb.json", "train.json", "val.json"):
         (tmp_path / name).write_bytes((EMBEDDED_ROOT / "mini-kqapro" / name).read_bytes())
     cfg = compose(overrides=["data.name=kqapro", f"data.root={tmp_path}"])
-    assert smoke.check_data(cfg).startswith(f"data.name=kqapro data.root={tmp_path}: ")
+    assert smoke.check_data(cfg.data, cfg.cache_dir).startswith(f"data.name=kqapro data.root={tmp_path}: ")
     val = json.loads((tmp_path / "val.json").read_text())
     val[3]["program"][0]["function"] = "Fnd"
     (tmp_path / "val.json").write_text(json.dumps(val))
     with pytest.raises(smoke.SmokeError, match=r"1 problem\(s\), the first: val.json: \[3\].program\[0\]: unknown "
                                                r"function 'Fnd'; python -m cbr2.data check"):
-        smoke.check_data(cfg)
+        smoke.check_data(cfg.data, cfg.cache_dir)
 
 
 def test_pytest_missing_is_named(monkeypatch):
@@ -317,7 +317,7 @@ def test_the_memory_check_counts_the_encoder_and_the_indexes_of_the_data_named(m
     minilm = "sentence-transformers/all-MiniLM-L6-v2"  # both views' encoder: one model, whatever checkpoints/ holds
     cfg = compose(files=[str(ROOT / "configs" / "paper.yaml")],
                   overrides=["data.name=mini-kqapro", f"retrieval.encoder={minilm}", f"structural.checkpoint={minilm}"])
-    line = smoke.check_gpu_memory(cfg)
+    line = smoke.check_gpu_memory(cfg.llm, cfg.data, cfg.retrieval, cfg.structural, cfg.generation, cfg.cache_dir)
     # The smoke's evaluation frees its indexes before the engine starts: the encoder and the margin stay.
     assert line.endswith("beside it retrieval 1.1 GiB: encoder 0.08 (sentence-transformers/all-MiniLM-L6-v2), "
                          "margin 1.0"), line
@@ -327,13 +327,13 @@ def test_the_memory_check_counts_the_encoder_and_the_indexes_of_the_data_named(m
     from cbr2.data.benchmarks import Benchmark
     from cbr2.retrieval.gpu_memory import retrieval_beside
 
-    resident = retrieval_beside(Benchmark("mini-kqapro"), cfg.retrieval, smoke.structural_encoder(cfg), False,
-                                indexes_resident=True)
+    structural = smoke.structural_encoder(cfg.structural, cfg.data)
+    resident = retrieval_beside(Benchmark("mini-kqapro"), cfg.retrieval, structural, False, indexes_resident=True)
     assert resident.describe() == ("retrieval 1.3 GiB: encoder 0.08 (sentence-transformers/all-MiniLM-L6-v2), "
                                    "10,052 index vectors 0.01 (flat), FAISS scratch 0.25, margin 1.0")
     monkeypatch.setattr("cbr2.retrieval.gpu_memory.retrieval_beside", lambda *a, **k: _bge_m3_over_kqapro()("flat"))
     with pytest.raises(smoke.SmokeError, match=r"^GPU 0: weights 15.3 GiB .* retrieval 6.6 GiB: .*retrieval.index=hnsw"):
-        smoke.check_gpu_memory(cfg)
+        smoke.check_gpu_memory(cfg.llm, cfg.data, cfg.retrieval, cfg.structural, cfg.generation, cfg.cache_dir)
 
 
 def test_a_run_leaves_the_engine_room_for_the_encoders_and_a_service_for_its_indexes_too(monkeypatch):
@@ -349,12 +349,17 @@ def test_a_run_leaves_the_engine_room_for_the_encoders_and_a_service_for_its_ind
     cfg = compose(ablation="full", overrides=["llm.backend=vllm", f"retrieval.encoder={minilm}",
                                               f"structural.checkpoint={minilm}"])
     bench = Benchmark("mini-kqapro")
-    assert gpu_reserve(cfg, bench, indexes_resident=True) == 0  # no CUDA here: nothing of retrieval on a GPU
+
+    def reserve(cfg, indexes_resident):
+        return gpu_reserve(cfg.llm, cfg.retrieval, cfg.structural.checkpoint, cfg.generation.canonicalize, bench,
+                           indexes_resident)
+
+    assert reserve(cfg, indexes_resident=True) == 0  # no CUDA here: nothing of retrieval on a GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(index, "gpu_available", lambda: True)
     monkeypatch.setattr(devices, "faiss_gpu_problem", lambda: None)
-    run, service = gpu_reserve(cfg, bench, False), gpu_reserve(cfg, bench, True)
+    run, service = reserve(cfg, False), reserve(cfg, True)
     assert 0 < run < service  # a run frees its indexes before the engine starts; a service keeps them
-    assert gpu_reserve(compose(ablation="full", overrides=[f"retrieval.encoder={minilm}"]), bench, True) == 0  # llama.cpp
+    assert reserve(compose(ablation="full", overrides=[f"retrieval.encoder={minilm}"]), True) == 0  # llama.cpp
     set_by_hand = compose(ablation="full", overrides=["llm.backend=vllm", "llm.gpu_memory_utilization=0.5"])
-    assert gpu_reserve(set_by_hand, bench, True) == 0  # the user's share is the one that runs
+    assert reserve(set_by_hand, True) == 0  # the user's share is the one that runs

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from cbr2.config import CONFIG_DIR, ConfigError, TrainConfig, load_config
 from cbr2.data.benchmarks import EMBEDDED_ROOT, Benchmark
@@ -350,35 +351,44 @@ def _gpus(monkeypatch, bf16: bool) -> None:
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16 or including_emulation)
 
 
+def _run_id(cfg, precision=None):
+    """The run id of ``cfg``, with ``trainer.precision`` replaced by ``precision`` (as ``train`` does) when given."""
+    from cbr2.structural.train import run_id
+
+    trainer = OmegaConf.merge(cfg.trainer, {"precision": precision}) if precision is not None else cfg.trainer
+    return run_id(cfg.data, cfg.structural, cfg.seed, trainer)
+
+
 def test_auto_precision_on_cpus_is_32_true_and_keeps_the_run_id(monkeypatch, caplog):
-    from cbr2.structural.train import resolve_precision, run_id
+    from cbr2.structural.train import resolve_precision
 
     caplog.set_level(logging.INFO, logger="cbr2.structural.train")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = _train_cfg()
     assert cfg.trainer.precision == "auto"  # the schema's default
-    resolved = resolve_precision(cfg)
-    assert resolved.trainer.precision == "32-true" and cfg.trainer.precision == "auto"
+    resolved = resolve_precision(cfg.trainer)
+    assert resolved == "32-true" and cfg.trainer.precision == "auto"
     assert "precision 32-true (trainer.precision=auto: no CUDA GPU trains this run)" in caplog.text
     # 32-true was the default before auto: a run trained on CPUs then keeps its id, and resumes.
-    assert run_id(resolved) == run_id(_train_cfg("trainer.precision=32-true"))
+    assert _run_id(cfg, resolved) == _run_id(_train_cfg("trainer.precision=32-true"))
     _gpus(monkeypatch, bf16=True)
-    assert resolve_precision(_train_cfg("trainer.accelerator=cpu")).trainer.precision == "32-true"  # GPUs left unused
+    assert resolve_precision(_train_cfg("trainer.accelerator=cpu").trainer) == "32-true"  # GPUs left unused
 
 
 def test_auto_precision_on_cuda_gpus(monkeypatch):
-    from cbr2.structural.train import resolve_precision, run_id
+    from cbr2.structural.train import resolve_precision
 
     _gpus(monkeypatch, bf16=True)
     for accelerator in ("auto", "gpu", "cuda"):
-        assert resolve_precision(_train_cfg(f"trainer.accelerator={accelerator}")).trainer.precision == "bf16-mixed"
-    bf16 = resolve_precision(_train_cfg())
+        assert resolve_precision(_train_cfg(f"trainer.accelerator={accelerator}").trainer) == "bf16-mixed"
+    bf16 = resolve_precision(_train_cfg().trainer)
     _gpus(monkeypatch, bf16=False)
-    fp16 = resolve_precision(_train_cfg())
-    assert fp16.trainer.precision == "16-mixed"
-    assert len({run_id(bf16), run_id(fp16), run_id(_train_cfg("trainer.precision=32-true"))}) == 3  # three runs
+    fp16 = resolve_precision(_train_cfg().trainer)
+    assert fp16 == "16-mixed"
+    cfg = _train_cfg()
+    assert len({_run_id(cfg, bf16), _run_id(cfg, fp16), _run_id(_train_cfg("trainer.precision=32-true"))}) == 3
     with pytest.raises(ConfigError, match="trainer.strategy=ddp_fork"):  # asking CUDA would stop the fork
-        resolve_precision(_train_cfg("trainer.strategy=ddp_fork"))
+        resolve_precision(_train_cfg("trainer.strategy=ddp_fork").trainer)
 
 
 def test_an_explicit_precision_is_used_as_given(monkeypatch, caplog):
@@ -387,10 +397,11 @@ def test_an_explicit_precision_is_used_as_given(monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="cbr2.structural.train")
     _gpus(monkeypatch, bf16=True)
     cfg = _train_cfg("trainer.precision=32-true")
-    assert resolve_precision(cfg) is cfg and "precision 32-true (trainer.precision as given)" in caplog.text
+    assert resolve_precision(cfg.trainer) == "32-true"
+    assert "precision 32-true (trainer.precision as given)" in caplog.text
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for given in ("bf16-mixed", "16-mixed"):
-        assert resolve_precision(_train_cfg(f"trainer.precision={given}")).trainer.precision == given
+        assert resolve_precision(_train_cfg(f"trainer.precision={given}").trainer) == given
 
 
 # ---------------------------------------------------------------------------- train()

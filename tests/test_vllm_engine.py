@@ -60,8 +60,8 @@ def _engine_share(hf_beside: bool) -> float | None:
 
     cfg = compose(ablation="full", overrides=["wandb.mode=disabled"])
     # The prompts' retriever is gone when the engines start (the fixture keeps only its prompts).
-    beside = retrieval_beside(Benchmark(cfg.data.name), cfg.retrieval, smoke.structural_encoder(cfg), False,
-                              indexes_resident=False)
+    structural = smoke.structural_encoder(cfg.structural, cfg.data)
+    beside = retrieval_beside(Benchmark(cfg.data.name), cfg.retrieval, structural, False, indexes_resident=False)
     hf = smoke.parameters(smoke.model_config(VLLMBackend(_llm_cfg()).folder())) * 4 + HF_ACTIVATIONS \
         if hf_beside else 0
     free, total = torch.cuda.mem_get_info()
@@ -101,7 +101,7 @@ def default_prompts():
 
     cfg = compose(ablation="full", overrides=["wandb.mode=disabled"])
     bench = Benchmark(cfg.data.name, cfg.data.root)
-    questions = select_questions(bench, cfg)[:N_PROMPTS]
+    questions = select_questions(bench, cfg.data.split, cfg.eval)[:N_PROMPTS]
     cfg = prepare(cfg, bench, retrieval_only=False)  # with the structural retriever resolved
     retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
     retrieved = {r.query.qid: r for r in retriever.retrieve([Query(q.qid, q.question) for q in questions])}
@@ -164,7 +164,7 @@ def test_constrained_outputs_parse_and_type_check(qwen, default_prompts):
     from cbr2.kopl.checker import check_text
 
     cfg, bench, prompts = default_prompts
-    grammar = build_grammar(cfg, bench)
+    grammar = build_grammar(cfg.generation, cfg.prompt.format, bench)
     assert grammar is not None  # the default evaluation decodes constrained
     qwen.grammar = grammar.record()
     try:

@@ -51,14 +51,14 @@ def setting():
                        "retrieval.cases=semantic", "generation.narrow=true"], files=[CONFIG_DIR / "evaluate.yaml"])
     assert cfg.generation.constrained and cfg.generation.grounded and cfg.retrieval.link
     bench = Benchmark(cfg.data.name, cfg.data.root)
-    questions = select_questions(bench, cfg)[:N_PROMPTS]
+    questions = select_questions(bench, cfg.data.split, cfg.eval)[:N_PROMPTS]
     cfg = prepare(cfg, bench)
     retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint)
     retrieved = {r.query.qid: r for r in retriever.retrieve([Query(q.qid, q.question) for q in questions])}
-    prompts = build_prompts(cfg.prompt, cfg.generation, questions, retrieved, reach_of(cfg, bench))
+    prompts = build_prompts(cfg.prompt, cfg.generation, questions, retrieved, reach_of(cfg.generation, cfg.retrieval.link, bench))
     assert sum(bool(p.grounding) for p in prompts) >= N_PROMPTS // 2
     assert any(RELATE in dict(p.grounding) for p in prompts)  # narrowed Relate pairs (generation.narrow)
-    grammar = build_grammar(cfg, bench)
+    grammar = build_grammar(cfg.generation, cfg.prompt.format, bench)
     return cfg, bench, questions, [grammar.request_prompt(p) for p in prompts], grammar
 
 

@@ -21,7 +21,7 @@ from cbr2.config import ABLATIONS, Config
 from cbr2.config.cli import add_config_arguments, config_from_args
 from cbr2.llm.openai_compat import LLMRequestError
 from cbr2.report.run_report import summary_line
-from cbr2.run.runner import run_evaluation, show_prompt
+from cbr2.run.runner import device_settings, run_evaluation, show_prompt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args, Config)
         # A GPU asked for and absent fails here, in one line, before the data is read.
-        check_devices(cfg, llm=args.show_prompt is None and not args.retrieval_only,
-                      retrieval_only=args.retrieval_only)
+        check_devices(**device_settings(cfg, llm=args.show_prompt is None and not args.retrieval_only,
+                                        retrieval_only=args.retrieval_only))
         if args.show_prompt is not None:
             sys.stdout.write(show_prompt(cfg, args.show_prompt))
             return 0

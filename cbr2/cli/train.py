@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = config_from_args(args, TrainConfig)
-        check_devices(cfg)  # a GPU asked for and absent fails here, in one line, before the data is read
+        # A GPU asked for and absent fails here, in one line, before the data is read.
+        check_devices(accelerator=str(cfg.trainer.get("accelerator", "auto")))
         result = train(cfg)
     except UserError as err:  # the user's to fix: one line; anything else is a bug and shows its traceback
         print(f"error: {err}", file=sys.stderr)

@@ -130,7 +130,7 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
     first = shards[0]
     cfg = unsharded_config(first.cfg)
     bench = Benchmark.from_config(cfg.data, cfg.get("cache_dir"))  # a folder written before the key has none
-    selection = select_questions(bench, cfg)
+    selection = select_questions(bench, cfg.data.split, cfg.eval)
     by_id: dict[str, Prediction] = {}
     retrieval_lines: dict[str, str] = {}
     for s in shards:

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from cbr2.config import DataConfig, GenerationConfig, LLMConfig, RetrievalConfig, StructuralConfig
     from cbr2.retrieval.gpu_memory import RetrievalMemory
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -172,51 +173,64 @@ def check_pytest() -> str:
     return f"pytest {importlib.metadata.version('pytest')}"
 
 
-def check_data(cfg: Any) -> str:
+def check_data(data: DataConfig, cache_dir: str | None = None) -> str:
     """The data of ``data.name`` / ``data.root``: the folder validated file by file
-    (``python -m cbr2.data check``), then the benchmark loaded as the run loads it."""
+    (``python -m cbr2.data check``), then the benchmark loaded as the run loads it.
+
+    Args:
+        data: The ``data`` section.
+        cache_dir: The cache root (the configuration's ``cache_dir``: the KB store).
+    """
     from cbr2.common.errors import UserError
     from cbr2.data.benchmarks import Benchmark
     from cbr2.data.check import check_folder
 
-    where = f"data.name={cfg.data.name}" + (f" data.root={cfg.data.root}" if cfg.data.root else "")
+    where = f"data.name={data.name}" + (f" data.root={data.root}" if data.root else "")
     try:
-        bench = Benchmark.from_config(cfg.data, cfg.cache_dir)
-        if cfg.data.root:
-            report = check_folder(cfg.data.root, bench.family.name)
+        bench = Benchmark.from_config(data, cache_dir)
+        if data.root:
+            report = check_folder(data.root, bench.family.name)
             if not report.clean:
                 raise SmokeError(f"{where}: {len(report.problems)} problem(s), the first: {report.problems[0]}; "
-                                 f"python -m cbr2.data check {cfg.data.root} lists them all (docs/data.md)")
-        split = cfg.data.split or bench.family.eval_split
+                                 f"python -m cbr2.data check {data.root} lists them all (docs/data.md)")
+        split = data.split or bench.family.eval_split
         questions, kb = bench.questions(split), bench.kb
     except (UserError, OSError) as err:
-        raise SmokeError(f"{where}: {err} (python -m cbr2.data check {cfg.data.root or 'DIR'}; docs/data.md)") from err
+        raise SmokeError(f"{where}: {err} (python -m cbr2.data check {data.root or 'DIR'}; docs/data.md)") from err
     return f"{where}: {len(questions)} {split} questions, a KB of {len(kb.entities)} entities"
 
 
-def check_structural(cfg: Any, allow_download: bool = False) -> str:
+def check_structural(retrieval: RetrievalConfig, structural: StructuralConfig, data: DataConfig,
+                     allow_download: bool = False) -> str:
     """Where the structural retriever of ``data.name`` is; SmokeError when there is none and none is
-    trained on demand, or when what it is trained from is not here."""
+    trained on demand, or when what it is trained from is not here.
+
+    Args:
+        retrieval: The ``retrieval`` section (its ``cases``: whether a structural view is used).
+        structural: The ``structural`` section (``checkpoint``, ``checkpoints_dir``).
+        data: The ``data`` section (``name``, ``root``).
+        allow_download: Accept weights not here yet that download on first use.
+    """
     from cbr2.config.schema import StructuralTrainConfig
     from cbr2.structural.checkpoints import find_checkpoint
 
-    if cfg.retrieval.cases not in ("dual", "structural"):
-        return f"structural retriever: not used (retrieval.cases={cfg.retrieval.cases})"
-    if cfg.structural.checkpoint:
-        return check_weights(str(cfg.structural.checkpoint), "structural.checkpoint", allow_download)
-    found = find_checkpoint(cfg.structural.checkpoints_dir, cfg.data.name)
-    if found is None and cfg.data.name.endswith("metaqa"):  # the paper reuses the KQA Pro retriever
-        found = find_checkpoint(cfg.structural.checkpoints_dir, cfg.data.name.replace("metaqa", "kqapro"))
+    if retrieval.cases not in ("dual", "structural"):
+        return f"structural retriever: not used (retrieval.cases={retrieval.cases})"
+    if structural.checkpoint:
+        return check_weights(str(structural.checkpoint), "structural.checkpoint", allow_download)
+    found = find_checkpoint(structural.checkpoints_dir, data.name)
+    if found is None and data.name.endswith("metaqa"):  # the paper reuses the KQA Pro retriever
+        found = find_checkpoint(structural.checkpoints_dir, data.name.replace("metaqa", "kqapro"))
     if found is not None:
         return f"structural retriever: {found}"
-    if cfg.data.name.startswith("mini-"):
+    if data.name.startswith("mini-"):
         backbone = check_weights(StructuralTrainConfig().backbone, "structural.checkpoint unset: its backbone",
                                  allow_download)
-        return (f"structural retriever: none for {cfg.data.name} yet; the first run trains one (about a minute) "
+        return (f"structural retriever: none for {data.name} yet; the first run trains one (about a minute) "
                 f"from {backbone.split(': ', 1)[1]}")
-    root = f" data.root={cfg.data.root}" if cfg.data.root else " data.root=DIR"
-    raise SmokeError(f"no structural retriever for {cfg.data.name} in {cfg.structural.checkpoints_dir}/: run "
-                     f"sbatch slurm/train.sbatch data.name={cfg.data.name}{root} (or python train.py ...), "
+    root = f" data.root={data.root}" if data.root else " data.root=DIR"
+    raise SmokeError(f"no structural retriever for {data.name} in {structural.checkpoints_dir}/: run "
+                     f"sbatch slurm/train.sbatch data.name={data.name}{root} (or python train.py ...), "
                      "or set structural.checkpoint=PATH")
 
 
@@ -341,25 +355,40 @@ def fits(plan: MemoryPlan, free: int, total: int, utilization: float) -> str | N
     return None
 
 
-def structural_encoder(cfg: Any) -> str:
-    """The structural retriever a run of ``cfg`` will load, to size it: ``structural.checkpoint``,
-    else the newest trained on ``data.name`` (MetaQA: on KQA Pro), else the backbone one is trained
-    from on demand (the same size)."""
+def structural_encoder(structural: StructuralConfig, data: DataConfig) -> str:
+    """The structural retriever a run will load, to size it: ``structural.checkpoint``, else the
+    newest trained on ``data.name`` (MetaQA: on KQA Pro), else the backbone one is trained from on
+    demand (the same size).
+
+    Args:
+        structural: The ``structural`` section (``checkpoint``, ``checkpoints_dir``).
+        data: The ``data`` section (its ``name``).
+    """
     from cbr2.config.schema import StructuralTrainConfig
     from cbr2.structural.checkpoints import find_checkpoint
 
-    if cfg.structural.checkpoint:
-        return str(cfg.structural.checkpoint)
-    for name in (cfg.data.name, cfg.data.name.replace("metaqa", "kqapro")):
-        found = find_checkpoint(cfg.structural.checkpoints_dir, name)
+    if structural.checkpoint:
+        return str(structural.checkpoint)
+    for name in (data.name, data.name.replace("metaqa", "kqapro")):
+        found = find_checkpoint(structural.checkpoints_dir, name)
         if found is not None:
             return str(found)
     return StructuralTrainConfig().backbone
 
 
-def check_gpu_memory(cfg: Any) -> str:
+def check_gpu_memory(llm: LLMConfig, data: DataConfig, retrieval: RetrievalConfig, structural: StructuralConfig,
+                     gen: GenerationConfig, cache_dir: str | None = None) -> str:
     """Free memory of each visible GPU against the model and ``llm.max_model_len``, beside what
-    retrieval of ``data.name`` holds on the same GPU."""
+    retrieval of ``data.name`` holds on the same GPU.
+
+    Args:
+        llm: The ``llm`` section (model, dtype, ``max_model_len``, tensor parallelism, GPU share).
+        data: The ``data`` section (the benchmark retrieval indexes).
+        retrieval: The ``retrieval`` section (what it holds on the GPU).
+        structural: The ``structural`` section (the structural retriever: ``structural_encoder``).
+        gen: The ``generation`` section (its ``canonicalize`` encoder is held too).
+        cache_dir: The cache root (the configuration's ``cache_dir``: the KB store).
+    """
     import torch
 
     from cbr2.common.errors import SetupError
@@ -368,25 +397,25 @@ def check_gpu_memory(cfg: Any) -> str:
     from cbr2.llm.vllm import memory_share, model_name, tensor_parallel_size
     from cbr2.retrieval.gpu_memory import retrieval_beside
 
-    name = model_name(cfg.llm)
+    name = model_name(llm)
     config = model_config(name)
     if config is None:
         return f"GPU memory: not checked, no config.json of {name} here yet (it downloads on first use)"
     try:
         # As the smoke's evaluation holds it: its indexes are freed before the engine starts.
-        bench = Benchmark.from_config(cfg.data, cfg.cache_dir)
-        beside = retrieval_beside(bench, cfg.retrieval, structural_encoder(cfg), cfg.generation.canonicalize,
+        bench = Benchmark.from_config(data, cache_dir)
+        beside = retrieval_beside(bench, retrieval, structural_encoder(structural, data), gen.canonicalize,
                                   indexes_resident=False)
     except SetupError as err:  # an encoder not here yet: only with --allow-download
         return f"GPU memory: not checked, {err}"
     gpus = torch.cuda.device_count()
-    tp = cfg.llm.tensor_parallel_size or tensor_parallel_size(visible_gpus() or gpus)
-    plan = memory_plan(config, cfg.llm.max_model_len, str(cfg.llm.dtype), tp, beside)
+    tp = llm.tensor_parallel_size or tensor_parallel_size(visible_gpus() or gpus)
+    plan = memory_plan(config, llm.max_model_len, str(llm.dtype), tp, beside)
     shares = []
     for i in range(min(tp, gpus)):
         free, total = torch.cuda.mem_get_info(i)
         # Unset, the backend computes the share as here: vLLM's 0.9, less what retrieval holds.
-        utilization = cfg.llm.gpu_memory_utilization or memory_share(free, total, beside.total)
+        utilization = llm.gpu_memory_utilization or memory_share(free, total, beside.total)
         why = fits(plan, free, total, utilization)
         if why:
             raise SmokeError(f"GPU {i}: {why}")
@@ -413,8 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     checks = [
         # What needs no GPU: a login node or a CPU machine gets this far.
         *([check_pytest] if tier else []),
-        lambda: check_data(cfg),
-        lambda: check_structural(cfg, args.allow_download),
+        lambda: check_data(cfg.data, cfg.cache_dir),
+        lambda: check_structural(cfg.retrieval, cfg.structural, cfg.data, args.allow_download),
         lambda: check_weights(str(cfg.llm.model), "llm.model", args.allow_download),
         lambda: check_weights(str(cfg.retrieval.encoder), "retrieval.encoder", args.allow_download),
         lambda: check_weights(DEFAULT_MODEL, "the test tier's model"),
@@ -422,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         check_cuda,
         lambda: check_vllm(vllm_requirement()),
         lambda: check_faiss_gpus(str(cfg.retrieval.device)),
-        lambda: check_gpu_memory(cfg),
+        lambda: check_gpu_memory(cfg.llm, cfg.data, cfg.retrieval, cfg.structural, cfg.generation, cfg.cache_dir),
     ]
     try:
         for check in checks:

@@ -140,7 +140,7 @@ def run_task(sweep: Sweep, t: int) -> dict[str, Any]:
         Exception: Whatever the evaluation raised (after recording the task as failed).
     """
     from cbr2.common.devices import check_devices
-    from cbr2.run.runner import run_evaluation
+    from cbr2.run.runner import device_settings, run_evaluation
 
     run, shard = sweep.task(t)
     status = {"task": t, "run": run.name, "shard": shard, "state": "running", "started": _now(),
@@ -152,7 +152,7 @@ def run_task(sweep: Sweep, t: int) -> dict[str, Any]:
     log.info("sweep %s task %d: run %s, shard %d of %d", sweep.name, t, run.name, shard, sweep.shards)
     try:
         cfg = sweep.config(run, shard)
-        check_devices(cfg)
+        check_devices(**device_settings(cfg))
         metrics = run_evaluation(cfg, ablation=run.ablation, config_files=sweep.config_files)
     except BaseException as err:
         status.update(state="failed", error=f"{type(err).__name__}: {err}")

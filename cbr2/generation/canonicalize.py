@@ -25,8 +25,7 @@ from cbr2.kopl.grounding import SLOT_KINDS, slot_items, unknown_arguments
 from cbr2.kopl.program import Program, Step
 
 if TYPE_CHECKING:  # the cache pulls faiss and the encoders torch; build_canonicalizer imports them when called
-    from omegaconf import DictConfig
-
+    from cbr2.config import RetrievalConfig
     from cbr2.data.benchmarks import Benchmark
 
 log = logging.getLogger(__name__)
@@ -256,16 +255,18 @@ class Canonicalizer:
         return Program(steps), records
 
 
-def build_canonicalizer(cfg: DictConfig, bench: Benchmark, cache_dir: str | Path | None = None) -> Canonicalizer:
+def build_canonicalizer(retrieval: RetrievalConfig, threshold: float, bench: Benchmark,
+                        cache_dir: str | Path | None = None) -> Canonicalizer:
     """The canonicaliser of a run: the benchmark's vocabulary, embedded with the retrieval encoder.
 
-    Reads ``generation.canonicalize_threshold`` and ``retrieval.encoder`` / ``device`` /
-    ``batch_size``. The item embeddings of every slot go through the embedding cache (entries
+    The item embeddings of every slot go through the embedding cache (entries
     ``vocab-{kind}-...``), so a KQA Pro-sized vocabulary is encoded once and later runs, and
     concurrent shards, load it.
 
     Args:
-        cfg: The full configuration.
+        retrieval: The ``retrieval`` section: its ``encoder``, ``device``, ``encoder_backend`` and
+            ``batch_size`` embed the vocabulary and the arguments.
+        threshold: ``generation.canonicalize_threshold``, the least similarity of a snap.
         bench: Gives the KB whose vocabulary arguments are snapped to.
         cache_dir: The cache root of the embeddings (the configuration's ``cache_dir``; ``cache_root``).
 
@@ -277,8 +278,7 @@ def build_canonicalizer(cfg: DictConfig, bench: Benchmark, cache_dir: str | Path
     from cbr2.retrieval.cache import EmbeddingStore
     from cbr2.retrieval.encoders import encode, load_encoder, weights_fingerprint
 
-    rc = cfg.retrieval
-    model = load_encoder(rc.encoder, pick_device(rc.device), rc.encoder_backend, cache_dir)
+    model = load_encoder(retrieval.encoder, pick_device(retrieval.device), retrieval.encoder_backend, cache_dir)
     store = EmbeddingStore(cache_root(cache_dir))
     fingerprint = weights_fingerprint(model)
 
@@ -288,12 +288,11 @@ def build_canonicalizer(cfg: DictConfig, bench: Benchmark, cache_dir: str | Path
         return encode(model, texts, 1, progress=False)
 
     def item_embeddings(kind: str, items: Sequence[str]) -> np.ndarray:
-        vectors, _ = store.get(f"vocab-{kind}", items, rc.encoder, fingerprint,
-                               lambda texts: encode(model, texts, rc.batch_size))
+        vectors, _ = store.get(f"vocab-{kind}", items, retrieval.encoder, fingerprint,
+                               lambda texts: encode(model, texts, retrieval.batch_size))
         return vectors
 
-    canonicalizer = Canonicalizer(bench.kb.vocabulary, embed, float(cfg.generation.canonicalize_threshold),
-                                  item_embeddings)
+    canonicalizer = Canonicalizer(bench.kb.vocabulary, embed, float(threshold), item_embeddings)
     canonicalizer.prepare()
-    log.info("canonicalisation: threshold %.2f, encoder %s", canonicalizer.threshold, rc.encoder)
+    log.info("canonicalisation: threshold %.2f, encoder %s", canonicalizer.threshold, retrieval.encoder)
     return canonicalizer

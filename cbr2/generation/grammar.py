@@ -499,7 +499,13 @@ def _char_class(forbidden: str) -> str:
     return f"[^{escaped}]"
 
 
-def build_grammar(cfg: Any, bench: Any) -> ProgramGrammar:
-    """The grammar of a run: ``bench``'s KB vocabulary, ``prompt.format`` and the ``generation`` bounds."""
-    return ProgramGrammar(bench.kb.vocabulary, cfg.prompt.format, Bounds.from_config(cfg.generation))
+def build_grammar(gen: GenerationConfig, program_format: str, bench: Any) -> ProgramGrammar:
+    """The grammar of a run: ``bench``'s KB vocabulary, in ``program_format``, within the ``generation`` bounds.
+
+    Args:
+        gen: The ``generation`` section (its bounds: ``max_lines`` ...).
+        program_format: ``prompt.format``, the program form the grammar accepts.
+        bench: Gives the KB whose vocabulary fills the closed slots.
+    """
+    return ProgramGrammar(bench.kb.vocabulary, program_format, Bounds.from_config(gen))
 

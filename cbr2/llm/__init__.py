@@ -27,6 +27,7 @@ from cbr2.common.records import Grammar
 from cbr2.llm.base import FEATURES, Backend
 
 if TYPE_CHECKING:
+    from cbr2.config import GenerationConfig, LLMConfig
     from cbr2.kopl.program import Program
 
 BACKENDS: dict[str, str] = {
@@ -52,33 +53,41 @@ def backend_class(name: str) -> Callable[..., Backend]:
     return getattr(importlib.import_module(module), cls)
 
 
-def requested_features(cfg: Any) -> dict[str, str]:
+def requested_features(gen: GenerationConfig, link: bool) -> dict[str, str]:
     """The decoding features (``FEATURES``) a run's configuration asks of its backend, each with
     the setting that asks for it (as the user would write it).
 
     Grounded decoding is asked only where it acts: under the grammar, with linking on (without
     ``retrieval.link`` no prompt carries candidates).
+
+    Args:
+        gen: The ``generation`` section.
+        link: ``retrieval.link``.
     """
-    gen = cfg.generation
     asked = {}
     if gen.constrained:
         asked["constrained"] = "generation.constrained=true"
-        if gen.grounded and cfg.retrieval.link:
+        if gen.grounded and link:
             asked["grounded"] = "generation.grounded=true"
     assert set(asked) <= set(FEATURES)
     return asked
 
 
-def check_capabilities(cfg: Any) -> None:
+def check_capabilities(llm: LLMConfig, gen: GenerationConfig, link: bool) -> None:
     """Stops a run whose configuration asks its backend for a decoding feature it lacks, before
     anything is retrieved or loaded, naming the backends that have it.
+
+    Args:
+        llm: The ``llm`` section (its ``backend``).
+        gen: The ``generation`` section (the features it asks for: ``requested_features``).
+        link: ``retrieval.link`` (grounded decoding acts only with it).
 
     Raises:
         ConfigError: For an unknown ``llm.backend``, or a feature the backend does not declare.
     """
-    name = cfg.llm.backend
+    name = llm.backend
     have = backend_class(name).capabilities
-    for feature, setting in requested_features(cfg).items():
+    for feature, setting in requested_features(gen, link).items():
         if feature not in have:
             # The gold writer accepts every setting but decodes nothing: it is no alternative to offer.
             able = [n for n in BACKENDS if n != "gold" and feature in backend_class(n).capabilities]

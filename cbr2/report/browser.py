@@ -114,7 +114,7 @@ def _run_context(run_dir: Path, bench: Any, case_ids: set[str], selection: Seque
         if bench is None:
             bench = Benchmark.from_config(cfg.data, cfg.get("cache_dir"))
         if selection is None:  # a folder read on its own (python -m cbr2.report.browser)
-            selection = select_questions(bench, cfg)
+            selection = select_questions(bench, cfg.data.split, cfg.eval)
         index = {q.qid: i for i, q in enumerate(selection)}
         questions = {q.qid: question_record(q) for q in selection}
         cases: dict[str, dict[str, Any]] = {}

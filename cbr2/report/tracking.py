@@ -8,30 +8,34 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cbr2.common.tracking import announce, wandb_mode
 
+if TYPE_CHECKING:
+    from cbr2.config import WandbConfig
 
-def log_evaluation(cfg: Any, metrics: dict[str, Any], records: list[dict[str, Any]], out: Path, name: str) -> None:
+
+def log_evaluation(settings: WandbConfig, metrics: dict[str, Any], records: list[dict[str, Any]], out: Path,
+                   name: str) -> None:
     """Send an evaluation to W&B: summary metrics, the per-category table, a predictions table, the config.
 
     Args:
-        cfg: The ``wandb`` config section.
+        settings: The ``wandb`` section (mode, project, entity, group).
         metrics: ``metrics.json`` (its ``provenance.config`` becomes the run config).
         records: The ``predictions.jsonl`` records.
         out: The run folder (W&B's local files go to ``out/wandb``).
         name: The W&B run name.
     """
-    mode = wandb_mode(cfg.mode)
+    mode = wandb_mode(settings.mode)
     if mode == "disabled":
         return
     import wandb
 
-    run = wandb.init(project=cfg.project, entity=cfg.entity, group=cfg.group, name=name, mode=mode, dir=str(out),
-                     job_type="evaluate", config={**metrics["provenance"]["config"],
-                                                  "provenance": {k: v for k, v in metrics["provenance"].items()
-                                                                 if k != "config"}})
+    config = {**metrics["provenance"]["config"],
+              "provenance": {k: v for k, v in metrics["provenance"].items() if k != "config"}}
+    run = wandb.init(project=settings.project, entity=settings.entity, group=settings.group, name=name, mode=mode,
+                     dir=str(out), job_type="evaluate", config=config)
     try:
         run.summary.update({k: metrics[k] for k in ("hits@1", "ser", "ser_before_repair", "n")})
         run.summary.update({f"errors/{k}": v for k, v in metrics["errors"].items()})

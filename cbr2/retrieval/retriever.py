@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig
 
 from cbr2.common.devices import pick_device
 from cbr2.common.errors import ConfigError
 from cbr2.common.files import cache_root
+from cbr2.config import RetrievalConfig
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.reading import DataError
 from cbr2.retrieval.cache import EmbeddingStore
@@ -84,19 +84,19 @@ class Retrieved:
         }
 
 
-def check_retrieval_config(cfg: DictConfig, cache_dir: str | Path | None = None) -> None:
+def check_retrieval_config(retrieval: RetrievalConfig, cache_dir: str | Path | None = None) -> None:
     """Fail on a bad ``retrieval`` section before anything slow (training, encoding) starts.
 
     Args:
-        cfg: The ``retrieval`` config section.
+        retrieval: The ``retrieval`` section.
         cache_dir: The cache root (the configuration's ``cache_dir``; ``cache_root``), where an ONNX
             encoder's export is kept.
 
     Raises:
         OSError: When ``retrieval.encoder`` cannot be loaded (it is then cached for later use).
     """
-    if cfg.k_ontology > 0 or cfg.k_facts > 0 or "semantic" in CASE_MODES[cfg.cases]:
-        load_encoder(cfg.encoder, pick_device(cfg.device), cfg.encoder_backend, cache_dir)
+    if retrieval.k_ontology > 0 or retrieval.k_facts > 0 or "semantic" in CASE_MODES[retrieval.cases]:
+        load_encoder(retrieval.encoder, pick_device(retrieval.device), retrieval.encoder_backend, cache_dir)
 
 
 class Retriever:
@@ -104,25 +104,28 @@ class Retriever:
 
     Args:
         bench: Gives the KB and the training pool (its family's train split).
-        cfg: The ``retrieval`` config section.
+        retrieval: The ``retrieval`` section.
         structural: Encoder of the structural view (a trained checkpoint folder); only needed
             when a structural view is computed.
         extra_views: Views ranked for metrics beyond those the cases use (``--retrieval-only``
             ranks all of them).
         cache_dir: The cache root of the embeddings, indexes and ONNX exports (the configuration's
             ``cache_dir``; ``cache_root``).
+
+    Attributes:
+        settings: The ``retrieval`` section it was built with.
     """
 
-    def __init__(self, bench: Benchmark, cfg: DictConfig, structural: str | None = None,
+    def __init__(self, bench: Benchmark, retrieval: RetrievalConfig, structural: str | None = None,
                  extra_views: Sequence[str] = (), cache_dir: str | Path | None = None):
-        check_retrieval_config(cfg, cache_dir)
-        self.cfg = cfg
-        self.case_views = CASE_MODES[cfg.cases]
+        check_retrieval_config(retrieval, cache_dir)
+        self.settings = retrieval
+        self.case_views = CASE_MODES[retrieval.cases]
         self.views = tuple(v for v in VIEWS if v in self.case_views or v in extra_views)
         if "structural" in self.views and not structural:
             raise ConfigError("the structural view needs a structural retriever (structural.checkpoint)")
         store = self.store = EmbeddingStore(cache_root(cache_dir))
-        device = pick_device(cfg.device)
+        device = pick_device(retrieval.device)
         self.pool = bench.questions(bench.family.train_split)
         if self.case_views and (missing := sum(q.program is None for q in self.pool)):
             # Cases are (question, gold program) pairs; MetaQA's come from the qtype files.
@@ -130,31 +133,32 @@ class Retriever:
                             "have no gold program, and the case pool needs them (MetaQA: "
                             "{1,2,3}-hop/qa_train_qtype.txt); see python -m cbr2.data check")
         self.encoders: dict[str, tuple[str, object]] = {}
-        if cfg.k_ontology > 0 or cfg.k_facts > 0 or "semantic" in self.views:
-            self.encoders["semantic"] = (cfg.encoder, load_encoder(cfg.encoder, device, cfg.encoder_backend,
-                                                                    cache_dir))
+        if retrieval.k_ontology > 0 or retrieval.k_facts > 0 or "semantic" in self.views:
+            self.encoders["semantic"] = (retrieval.encoder, load_encoder(retrieval.encoder, device,
+                                                                          retrieval.encoder_backend, cache_dir))
         if "structural" in self.views:
-            self.encoders["structural"] = (structural, load_encoder(structural, device, cfg.encoder_backend,
+            self.encoders["structural"] = (structural, load_encoder(structural, device, retrieval.encoder_backend,
                                                                     cache_dir))
         self.knowledge = None
-        if cfg.k_ontology > 0 or cfg.k_facts > 0:
+        if retrieval.k_ontology > 0 or retrieval.k_facts > 0:
             name, model = self.encoders["semantic"]
-            self.knowledge = KnowledgeRetriever(bench.kb, model, name, store, cfg.k_ontology, cfg.k_facts,
-                                                cfg.index, device, cfg.batch_size)
+            self.knowledge = KnowledgeRetriever(bench.kb, model, name, store, retrieval.k_ontology,
+                                                retrieval.k_facts, retrieval.index, device, retrieval.batch_size)
         case_encoders = {v: self.encoders[v] for v in ("semantic", "structural") if v in self.views}
-        self.linker = Linker(bench.kb) if cfg.link or cfg.mask_mentions else None
-        self.masked = cfg.mask_mentions
+        self.linker = Linker(bench.kb) if retrieval.link or retrieval.mask_mentions else None
+        self.masked = retrieval.mask_mentions
         masked_pool = [self.linker.mask(q.question) for q in self.pool] if self.masked else None
         texts = dict.fromkeys(case_encoders, masked_pool) if self.masked else None
-        self.cases = CaseRetriever(self.pool, store, case_encoders, cfg.index, device, cfg.batch_size, cfg.seed, texts)
+        self.cases = CaseRetriever(self.pool, store, case_encoders, retrieval.index, device, retrieval.batch_size,
+                                   retrieval.seed, texts)
         self._case_knowledge: dict[int, Knowledge] = {}
         self._pool_embeddings: np.ndarray | None = None
         self._case_links: dict[str, Links] = {}
 
     def _k(self, view: str) -> int:
         if view == "random":  # the random_case ablation keeps the prompt's number of cases
-            return self.cfg.k_semantic + self.cfg.k_structural
-        return self.cfg.k_semantic if view == "semantic" else self.cfg.k_structural
+            return self.settings.k_semantic + self.settings.k_structural
+        return self.settings.k_semantic if view == "semantic" else self.settings.k_structural
 
     def _depth(self, view: str) -> int:
         return max(self._k(view), METRIC_DEPTH)
@@ -205,7 +209,7 @@ class Retriever:
         """
         if embeddings is None:
             embeddings = self.encode(queries)
-        links = [self.linker.link(q.text) for q in queries] if self.cfg.link else None
+        links = [self.linker.link(q.text) for q in queries] if self.settings.link else None
         knowledge = (self.knowledge.retrieve(embeddings["written/semantic"], [l.entities for l in links] if links else None)
                      if self.knowledge else [Knowledge()] * len(queries))
         form = "masked" if self.masked else "written"
@@ -216,7 +220,7 @@ class Retriever:
             mine = {view: rankings[view][i] for view in self.views}
             cases = self.cases.merge({view: mine[view][: self._k(view)] for view in self.case_views})
             item = Retrieved(query, knowledge[i], cases, rankings=mine, links=links[i] if links else None)
-            if self.cfg.link:
+            if self.settings.link:
                 item.case_links = [self._link_case(c.question) for c in cases]
             out.append(item)
         self._add_case_knowledge(out)
@@ -240,7 +244,7 @@ class Retriever:
             name, model = self.encoders["semantic"]
             self._pool_embeddings, _ = self.store.get(
                 "cases", [q.question for q in self.pool], name, weights_fingerprint(model),
-                lambda t: encode(model, t, self.cfg.batch_size), self.cfg.index)
+                lambda t: encode(model, t, self.settings.batch_size), self.settings.index)
         return self._pool_embeddings
 
     def _add_case_knowledge(self, items: list[Retrieved]) -> None:
@@ -252,7 +256,7 @@ class Retriever:
         position = {q.qid: i for i, q in enumerate(self.pool)}
         missing = sorted({position[c.question.qid] for item in items for c in item.cases} - self._case_knowledge.keys())
         if missing:
-            linked = [self._link_case(self.pool[i]).entities for i in missing] if self.cfg.link else None
+            linked = [self._link_case(self.pool[i]).entities for i in missing] if self.settings.link else None
             found = self.knowledge.retrieve(np.ascontiguousarray(self._pool_semantic()[missing]), linked)
             self._case_knowledge.update(zip(missing, found, strict=True))
         for item in items:

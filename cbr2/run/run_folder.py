@@ -28,7 +28,7 @@ from cbr2.common.errors import UserError
 from cbr2.common.files import write_atomic
 from cbr2.common.provenance import git_hash
 from cbr2.common.records import Prediction
-from cbr2.config import ablation_slug, setting_of
+from cbr2.config import WandbConfig, ablation_slug, setting_of
 from cbr2.data.benchmarks import KQAPRO, Benchmark
 from cbr2.data.questions import Question
 from cbr2.evaluation.metrics import finish_metrics
@@ -73,9 +73,16 @@ def output_dir(cfg: DictConfig, bench: Benchmark, retrieval_only: bool = False, 
     return base / f"shard-{cfg.eval.shard}-of-{count}" if count > 1 else base
 
 
-def wandb_name(cfg: DictConfig, bench_name: str, ablation: str | None) -> str:
-    """``wandb.name``, else ``{benchmark}-{backend}-{ablation or 'run'}``."""
-    return cfg.wandb.name or f"{bench_name}-{cfg.llm.backend}-{ablation or 'run'}"
+def wandb_name(wandb: WandbConfig, backend: str, bench_name: str, ablation: str | None) -> str:
+    """``wandb.name``, else ``{benchmark}-{backend}-{ablation or 'run'}``.
+
+    Args:
+        wandb: The ``wandb`` section.
+        backend: ``llm.backend``.
+        bench_name: The benchmark's name.
+        ablation: The canonical ``--ablation`` name, if any.
+    """
+    return wandb.name or f"{bench_name}-{backend}-{ablation or 'run'}"
 
 
 def write_config(out: Path, cfg: DictConfig) -> None:
@@ -182,7 +189,7 @@ SUBMISSION = "predict.txt"
 ``test.json`` (the official baselines' ``predict.txt``)."""
 
 
-def write_submission(out: Path, cfg: DictConfig, bench: Benchmark, selection: Sequence[Question],
+def write_submission(out: Path, split: str | None, bench: Benchmark, selection: Sequence[Question],
                      records: Sequence[Prediction]) -> Path | None:
     """Write ``SUBMISSION`` for a run of a split without gold answers.
 
@@ -190,10 +197,17 @@ def write_submission(out: Path, cfg: DictConfig, bench: Benchmark, selection: Se
     "no", which older baselines wrote. Written only when the run judged the whole split in the
     file's order, since a line's position is its question.
 
+    Args:
+        out: The run folder.
+        split: ``data.split`` (the family's evaluation split when None).
+        bench: The benchmark.
+        selection: The whole selection.
+        records: The final prediction records, in selection order.
+
     Returns:
         The file written, or None when the run covers less than the whole split.
     """
-    if not whole_split(bench, cfg, selection) or len(records) != len(selection):
+    if not whole_split(bench, split, selection) or len(records) != len(selection):
         log.warning("%s not written: it needs every question of the split in order (eval.per_category=null, no "
                     "eval.limit); this run judged %d of them", SUBMISSION, len(records))
         return None
@@ -244,7 +258,7 @@ def finish_run(out: Path, cfg: DictConfig, bench: Benchmark, prov: dict[str, Any
         metrics["provenance"] = prov
     ablation = prov.get("ablation")
     if records is not None and metrics.get("gold_answers") is False and "shard" not in prov:
-        write_submission(out, cfg, bench, selection, records)
+        write_submission(out, cfg.data.split, bench, selection, records)
     write_atomic(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     write_report(out / "report.md", metrics)
     write_browser(out, bench, records, selection)
@@ -254,5 +268,6 @@ def finish_run(out: Path, cfg: DictConfig, bench: Benchmark, prov: dict[str, Any
         log.info("shard %d of %d done; `python -m cbr2.cluster.merge` joins the shards and logs the run to W&B",
                  prov["shard"]["index"], prov["shard"]["count"])
     else:
-        log_evaluation(cfg.wandb, metrics, list(records), out, name=wandb_name(cfg, bench.name, ablation))
+        log_evaluation(cfg.wandb, metrics, list(records), out,
+                       name=wandb_name(cfg.wandb, cfg.llm.backend, bench.name, ablation))
     return metrics

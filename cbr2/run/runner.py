@@ -35,7 +35,7 @@ from cbr2.common.console import progress
 from cbr2.common.errors import UserError
 from cbr2.common.locks import hold_folder
 from cbr2.common.records import PROMPT_TOO_LONG, Completion, Prediction, Prompt
-from cbr2.config import canonical_ablation
+from cbr2.config import GenerationConfig, LLMConfig, RetrievalConfig, canonical_ablation
 from cbr2.data.benchmarks import Benchmark
 from cbr2.data.questions import Question
 from cbr2.evaluation.records import append_record, is_pending, load_predictions
@@ -70,6 +70,26 @@ BATCH = 64
 """Questions per retrieval batch."""
 
 
+def device_settings(cfg: DictConfig, llm: bool = True, retrieval_only: bool = False) -> dict[str, Any]:
+    """What ``cbr2.common.devices.check_devices`` checks of an evaluation, read off its configuration:
+    its keyword arguments (``check_devices(**device_settings(cfg))``).
+
+    Args:
+        cfg: An evaluation's configuration (``cbr2.config.Config``).
+        llm: Whether the run generates (``--show-prompt`` and ``--retrieval-only`` do not load the LLM).
+        retrieval_only: Whether the run scores every retrieval view (``--retrieval-only``).
+
+    Returns:
+        ``retrieval_device``, ``encoder_backend``, ``encodes`` (a case view, knowledge triples, every
+        view with ``--retrieval-only``, or ``generation.canonicalize``'s encoder when it generates),
+        ``llm_backend`` (None when the run does not generate) and ``llm_device``.
+    """
+    r = cfg.retrieval
+    encodes = retrieves(r, VIEWS if retrieval_only else ()) or (llm and bool(cfg.generation.canonicalize))
+    return {"retrieval_device": str(r.device), "encoder_backend": str(r.encoder_backend), "encodes": encodes,
+            "llm_backend": cfg.llm.backend if llm else None, "llm_device": str(cfg.llm.device)}
+
+
 def prepare(cfg: DictConfig, bench: Benchmark, retrieval_only: bool = False) -> DictConfig:
     """Checks that fail fast; the configuration with the structural retriever resolved (a new
     one: the caller's is left as it is), trained first when an embedded benchmark has none
@@ -77,19 +97,25 @@ def prepare(cfg: DictConfig, bench: Benchmark, retrieval_only: bool = False) -> 
     if not retrieval_only:
         # A misspelt backend, or one that cannot decode what the generation section asks, fails
         # before minutes of retrieval and model loading.
-        check_capabilities(cfg)
+        check_capabilities(cfg.llm, cfg.generation, cfg.retrieval.link)
     check_retrieval_config(cfg.retrieval, cfg.cache_dir)
     if retrieval_only or "structural" in CASE_MODES[cfg.retrieval.cases]:
         # Resolved once and saved in config.yaml, so the run records the exact retriever used.
-        return OmegaConf.merge(cfg, {"structural": {"checkpoint": resolve_structural(cfg, bench)}})
+        structural = resolve_structural(cfg.structural, cfg.data, bench)
+        return OmegaConf.merge(cfg, {"structural": {"checkpoint": structural}})
     return cfg
 
 
-def reach_of(cfg: DictConfig, bench: Benchmark) -> Reach | None:
+def reach_of(gen: GenerationConfig, link: bool, bench: Benchmark) -> Reach | None:
     """The KB around linked entities for ``generation.narrow`` (None where grounded decoding does
-    not act), its hops the training pool's longest ``Relate`` chain."""
-    gen = cfg.generation
-    if not (gen.narrow and gen.grounded and gen.constrained and cfg.retrieval.link):
+    not act), its hops the training pool's longest ``Relate`` chain.
+
+    Args:
+        gen: The ``generation`` section (``narrow``, ``grounded``, ``constrained``).
+        link: ``retrieval.link`` (grounded decoding acts only with it).
+        bench: Gives the KB and the training pool.
+    """
+    if not (gen.narrow and gen.grounded and gen.constrained and link):
         return None
     hops = pool_hops(q.program for q in bench.questions(bench.family.train_split))
     log.info("generation.narrow: Relate pairs and concepts within %d hop(s) of the linked entities "
@@ -142,7 +168,7 @@ def show_prompt(cfg: DictConfig, index: int) -> str:
         ValueError: If ``index`` is outside the selected questions.
     """
     bench = Benchmark.from_config(cfg.data, cfg.cache_dir)
-    questions = select_questions(bench, cfg)
+    questions = select_questions(bench, cfg.data.split, cfg.eval)
     if not 0 <= index < len(questions):
         raise UserError(f"--show-prompt {index}: the selection has {len(questions)} questions (0..{len(questions) - 1})")
     cfg = prepare(cfg, bench)
@@ -154,7 +180,8 @@ def show_prompt(cfg: DictConfig, index: int) -> str:
     if retrieves(cfg.retrieval):
         retriever = Retriever(bench, cfg.retrieval, cfg.structural.checkpoint, cache_dir=cfg.cache_dir)
         retrieved = {question.qid: retriever.retrieve([Query(question.qid, question.question)])[0]}
-    (prompt,) = build_prompts(cfg.prompt, cfg.generation, [question], retrieved, reach_of(cfg, bench))
+    (prompt,) = build_prompts(cfg.prompt, cfg.generation, [question], retrieved,
+                              reach_of(cfg.generation, cfg.retrieval.link, bench))
     backend = make_backend(cfg.llm, {question.qid: question.program}, program_format=cfg.prompt.format,
                            cache_dir=cfg.cache_dir)
     return backend.render(prompt)
@@ -180,7 +207,7 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
     bench = Benchmark.from_config(cfg.data, cfg.cache_dir)
     shard, num_shards = resolve_shard(cfg.eval)
     cfg = OmegaConf.merge(cfg, {"eval": {"shard": shard, "num_shards": num_shards}})  # as config.yaml records it
-    selection = select_questions(bench, cfg)
+    selection = select_questions(bench, cfg.data.split, cfg.eval)
     questions = shard_of(selection, shard, num_shards)
     out = output_dir(cfg, bench, retrieval_only, ablation)
     cfg = prepare(cfg, bench, retrieval_only)
@@ -193,10 +220,12 @@ def run_evaluation(cfg: DictConfig, retrieval_only: bool = False, ablation: str 
         write_config(out, cfg)
         prov = provenance(cfg, bench, out, selection, ablation, config_files)
 
-        retrieval, retrieved = run_retrieval(cfg, bench, questions, out, extra_views=VIEWS if retrieval_only else ())
+        retrieval, retrieved = run_retrieval(cfg.retrieval, bench, questions, out, cfg.structural.checkpoint,
+                                             extra_views=VIEWS if retrieval_only else (), cache_dir=cfg.cache_dir)
         records: list[Prediction] | None = None  # None: a retrieval-only run
         if not retrieval_only:
-            prompts = build_prompts(cfg.prompt, cfg.generation, questions, retrieved, reach_of(cfg, bench))
+            prompts = build_prompts(cfg.prompt, cfg.generation, questions, retrieved,
+                                    reach_of(cfg.generation, cfg.retrieval.link, bench))
             records = generate_and_score(cfg, bench, questions, prompts, out)
         return finish_run(out, cfg, bench, prov, selection, len(questions), records, retrieval)
 
@@ -240,16 +269,25 @@ def generate_and_score(cfg: DictConfig, bench: Benchmark, questions: Sequence[Qu
     return [done[q.qid] for q in questions]
 
 
-def gpu_reserve(cfg: DictConfig, bench: Benchmark, indexes_resident: bool) -> int:
+def gpu_reserve(llm: LLMConfig, retrieval: RetrievalConfig, structural: str | None, canonicalize: bool,
+                bench: Benchmark, indexes_resident: bool) -> int:
     """Bytes an engine that takes a share of the GPU at start (vLLM) must leave to retrieval in this
     process (``cbr2.retrieval.gpu_memory.retrieval_beside``, logged); 0 for other backends, or when
-    ``llm.gpu_memory_utilization`` is set (the user's share is the one that runs)."""
-    if cfg.llm.gpu_memory_utilization is not None or not getattr(backend_class(cfg.llm.backend), "shares_gpu", False):
+    ``llm.gpu_memory_utilization`` is set (the user's share is the one that runs).
+
+    Args:
+        llm: The ``llm`` section (``backend``, ``gpu_memory_utilization``).
+        retrieval: The ``retrieval`` section (what it holds on the GPU).
+        structural: ``structural.checkpoint``, the structural retriever (resolved: ``prepare``).
+        canonicalize: ``generation.canonicalize`` (its encoder is held too).
+        bench: The benchmark whose KB and case pool the indexes cover.
+        indexes_resident: Whether retrieval's indexes stay beside the engine (``Answerer``).
+    """
+    if llm.gpu_memory_utilization is not None or not getattr(backend_class(llm.backend), "shares_gpu", False):
         return 0
     from cbr2.retrieval.gpu_memory import retrieval_beside
 
-    beside = retrieval_beside(bench, cfg.retrieval, cfg.structural.checkpoint, bool(cfg.generation.canonicalize),
-                              indexes_resident)
+    beside = retrieval_beside(bench, retrieval, structural, bool(canonicalize), indexes_resident)
     log.info("the engine's share of the GPU leaves %s", beside.describe())
     return beside.total
 
@@ -282,13 +320,15 @@ class Answerer:
     def __init__(self, cfg: DictConfig, bench: Benchmark, questions: Sequence[Question] = (),
                  indexes_resident: bool = False):
         self.cfg, self.bench = cfg, bench
-        self.grammar = build_grammar(cfg, bench) if cfg.generation.constrained else None
+        gen = cfg.generation
+        self.grammar = build_grammar(gen, cfg.prompt.format, bench) if gen.constrained else None
         self.backend = make_backend(cfg.llm, {q.qid: q.program for q in questions},
                                     grammar=self.grammar.record() if self.grammar is not None else None,
                                     program_format=cfg.prompt.format,
-                                    gpu_reserve_bytes=gpu_reserve(cfg, bench, indexes_resident),
+                                    gpu_reserve_bytes=gpu_reserve(cfg.llm, cfg.retrieval, cfg.structural.checkpoint,
+                                                                  gen.canonicalize, bench, indexes_resident),
                                     cache_dir=cfg.cache_dir)
-        self.generation_key = generation_key(cfg.generation, self.backend)
+        self.generation_key = generation_key(gen, self.backend)
         self._executor: Executor | None = None
         self._canonicalize: Canonicalizer | None = None
 
@@ -298,7 +338,9 @@ class Answerer:
         if self._executor is None:
             self._executor = Executor(self.bench.kb, self.cfg.eval.timeout_s, engine=self.cfg.eval.executor)
             if self.cfg.generation.canonicalize:
-                self._canonicalize = build_canonicalizer(self.cfg, self.bench, self.cfg.cache_dir)
+                self._canonicalize = build_canonicalizer(self.cfg.retrieval,
+                                                         self.cfg.generation.canonicalize_threshold, self.bench,
+                                                         self.cfg.cache_dir)
 
     @property
     def executor(self) -> Executor:
@@ -428,26 +470,35 @@ def _correct(bench: Benchmark, canonicalize: Any, backend: Any, failed: Sequence
         backend.generate(corrections, on_result=on_result)
 
 
-def retrieves(r: DictConfig, extra_views: Sequence[str] = ()) -> bool:
+def retrieves(r: RetrievalConfig, extra_views: Sequence[str] = ()) -> bool:
     """Whether the ``retrieval`` section retrieves anything (cases, triples, or ``extra_views`` to score)."""
     return bool(extra_views) or r.cases != "none" or r.k_ontology > 0 or r.k_facts > 0
 
 
-def run_retrieval(cfg: DictConfig, bench: Benchmark, questions: list[Question], out: Path,
-                  extra_views: tuple[str, ...] = ()) -> tuple[dict[str, Any] | None, dict[str, Retrieved]]:
+def run_retrieval(retrieval: RetrievalConfig, bench: Benchmark, questions: list[Question], out: Path,
+                  structural: str | None = None, extra_views: tuple[str, ...] = (),
+                  cache_dir: str | Path | None = None) -> tuple[dict[str, Any] | None, dict[str, Retrieved]]:
     """Retrieve for every question, write ``retrieval.jsonl`` and score retrieval.
 
     Retrieval sees ``Query(id, text)`` only; the gold programs are read afterwards, to score
     what was retrieved.
 
+    Args:
+        retrieval: The ``retrieval`` section.
+        bench: The benchmark (KB and case pool).
+        questions: The questions to retrieve for.
+        out: The run folder (``retrieval.jsonl`` is written there).
+        structural: ``structural.checkpoint``, the structural retriever (resolved: ``prepare``).
+        extra_views: Views ranked for metrics beyond those the cases use (``--retrieval-only``: all).
+        cache_dir: The cache root (the configuration's ``cache_dir``).
+
     Returns:
         The ``retrieval`` block of ``metrics.json`` (None when the configuration retrieves
         nothing) and the retrieved items by question id.
     """
-    r = cfg.retrieval
-    if not retrieves(r, extra_views):
+    if not retrieves(retrieval, extra_views):
         return None, {}
-    retriever = Retriever(bench, r, cfg.structural.checkpoint, extra_views, cfg.cache_dir)
+    retriever = Retriever(bench, retrieval, structural, extra_views, cache_dir)
     start = time.perf_counter()
     queries = [Query(q.qid, q.question) for q in questions]
     embeddings = retriever.encode(queries, cache=True)
@@ -474,7 +525,7 @@ def run_retrieval(cfg: DictConfig, bench: Benchmark, questions: list[Question], 
         ontology_terms=[{t for tr in item.knowledge.ontology for t in tr.terms} for item in retrieved],
         fact_terms=[{t for tr in item.knowledge.facts for t in tr.terms} for item in retrieved],
     )
-    if retriever.cfg.link:
+    if retrieval.link:
         block["linking"] = linking_metrics([q.program for q in questions],
                                            [{"entities": item.links.entities, "values": item.links.all_values()}
                                             for item in retrieved])

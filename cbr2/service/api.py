@@ -55,7 +55,7 @@ from cbr2.evaluation.trace import TRACE_VERSION, build_trace
 from cbr2.kopl.text import to_text
 from cbr2.retrieval.cases import Query
 from cbr2.retrieval.retriever import CASE_MODES, Retrieved, Retriever
-from cbr2.run.runner import Answerer, build_prompts, prepare, reach_of, retrieves
+from cbr2.run.runner import Answerer, build_prompts, device_settings, prepare, reach_of, retrieves
 from cbr2.structural.on_demand import case_views_for
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ def case_views(cfg: DictConfig, bench: Benchmark) -> tuple[DictConfig, dict[str,
     on get semantic cases only, and the trace says so. (An evaluation refuses that setting
     instead: it never changes ``retrieval.cases`` behind the user's back.)
     """
-    mode, why = case_views_for(cfg, bench)
+    mode, why = case_views_for(cfg.retrieval, bench)
     if mode != cfg.retrieval.cases:
         cfg = OmegaConf.merge(cfg, {"retrieval": {"cases": mode}})
     return cfg, {"used": list(CASE_MODES[mode]), "setting": mode, "why": why}
@@ -176,7 +176,7 @@ class KBQA:
         self.ablation = ablation
         self._retriever = retriever
         self._answerer = answerer
-        self._reach = reach_of(cfg, bench)
+        self._reach = reach_of(cfg.generation, cfg.retrieval.link, bench)
         self._case_views = views
         self._lock = threading.Lock()
 
@@ -203,7 +203,7 @@ class KBQA:
         if cfg.llm.backend == "gold":
             raise ConfigError("llm.backend=gold writes the gold programs of a benchmark's questions, and an asked "
                               "question has none: choose an LLM backend (llamacpp, hf, vllm, openai)")
-        check_devices(cfg, llm=True)
+        check_devices(**device_settings(cfg, llm=True))
         bench = Benchmark.from_config(cfg.data, cfg.cache_dir)
         cfg, views = case_views(cfg, bench)
         cfg = prepare(cfg, bench)

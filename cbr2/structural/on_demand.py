@@ -19,11 +19,9 @@ import json
 import logging
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from cbr2.common.errors import ConfigError
 from cbr2.common.locks import build_lock
-from cbr2.config import TrainConfig, compose
+from cbr2.config import DataConfig, RetrievalConfig, StructuralConfig, TrainConfig, compose
 from cbr2.data.benchmarks import CUSTOM, METAQA, Benchmark
 from cbr2.data.cases import MIN_STRUCTURAL_CASES
 from cbr2.retrieval.retriever import CASE_MODES
@@ -32,7 +30,7 @@ from cbr2.structural.checkpoints import find_checkpoint
 log = logging.getLogger(__name__)
 
 
-def case_views_for(cfg: DictConfig, bench: Benchmark) -> tuple[str, str]:
+def case_views_for(retrieval: RetrievalConfig, bench: Benchmark) -> tuple[str, str]:
     """The ``retrieval.cases`` mode a run over ``bench`` can use, and why, in words for a log or a trace.
 
     The configured mode, except for your own cases (``custom``) when they are fewer than
@@ -41,10 +39,14 @@ def case_views_for(cfg: DictConfig, bench: Benchmark) -> tuple[str, str]:
     ``ask`` path runs with the mode returned; an evaluation keeps the configured one and fails in
     ``resolve_structural`` instead.
 
+    Args:
+        retrieval: The ``retrieval`` section (its ``cases``).
+        bench: The benchmark whose case pool is counted.
+
     Returns:
         ``(mode, why)``: a key of ``CASE_MODES`` and one line saying why it is that one.
     """
-    mode = cfg.retrieval.cases
+    mode = retrieval.cases
     if bench.family is not CUSTOM:
         return mode, f"retrieval.cases={mode}, as configured"
     n = len(bench.questions(CUSTOM.train_split))
@@ -59,7 +61,7 @@ def case_views_for(cfg: DictConfig, bench: Benchmark) -> tuple[str, str]:
     return "semantic", why
 
 
-def resolve_structural(cfg: DictConfig, bench: Benchmark) -> str:
+def resolve_structural(structural: StructuralConfig, data: DataConfig, bench: Benchmark) -> str:
     """The structural retriever evaluation uses.
 
     Order: ``structural.checkpoint`` when set (a folder, or any encoder name, e.g. the
@@ -69,31 +71,36 @@ def resolve_structural(cfg: DictConfig, bench: Benchmark) -> str:
     with ``train.py``'s defaults. Your own cases (``custom``): the newest trained on this cases
     file's content, else one trained now, when there are at least ``MIN_STRUCTURAL_CASES``.
 
+    Args:
+        structural: The ``structural`` section (``checkpoint``, ``checkpoints_dir``).
+        data: The ``data`` section (``name``, ``root``: what the retriever is looked up and trained for).
+        bench: The benchmark of ``data``.
+
     Raises:
         ConfigError: When none exists, with the ``train.py`` command that makes one; for
             ``custom`` with fewer than ``MIN_STRUCTURAL_CASES`` cases, saying to set
             ``retrieval.cases=semantic`` (or add cases).
     """
-    if cfg.structural.checkpoint:
-        return str(cfg.structural.checkpoint)
-    where = Path(cfg.structural.checkpoints_dir)
+    if structural.checkpoint:
+        return str(structural.checkpoint)
+    where = Path(structural.checkpoints_dir)
     if bench.family is CUSTOM:
         return _custom_structural(bench, where)
-    candidates = [cfg.data.name]
+    candidates = [data.name]
     if bench.family is METAQA:
-        candidates.append(cfg.data.name.replace("metaqa", "kqapro"))
+        candidates.append(data.name.replace("metaqa", "kqapro"))
     for name in candidates:
         found = find_checkpoint(where, name)
         if found is not None:
-            if name != cfg.data.name:
-                log.info("no structural retriever trained on %s; using %s's (as the paper does)", cfg.data.name, name)
+            if name != data.name:
+                log.info("no structural retriever trained on %s; using %s's (as the paper does)", data.name, name)
             log.info("structural retriever: %s", found)
             return str(found)
     train_on = candidates[-1]
     if not train_on.startswith("mini-"):
         # For MetaQA the command trains on KQA Pro, whose folder is not MetaQA's data.root.
-        root = f" data.root={cfg.data.root}" if cfg.data.root and train_on == cfg.data.name else " data.root=DIR"
-        raise ConfigError(f"no structural retriever for {cfg.data.name} in {where}/; train one with "
+        root = f" data.root={data.root}" if data.root and train_on == data.name else " data.root=DIR"
+        raise ConfigError(f"no structural retriever for {data.name} in {where}/; train one with "
                          f"`python train.py data.name={train_on}{root}` or set structural.checkpoint=PATH")
     # Lightning and torch load only when training is needed (evaluate.py must start fast).
     from cbr2.structural.train import train
@@ -103,7 +110,7 @@ def resolve_structural(cfg: DictConfig, bench: Benchmark) -> str:
         if found is not None:
             return str(found)
         log.warning("no structural retriever for %s in %s/; training one now (python train.py data.name=%s)",
-                    cfg.data.name, where, train_on)
+                    data.name, where, train_on)
         train_cfg = compose(TrainConfig, overrides=[f"data.name={train_on}", f"structural.checkpoints_dir={where}"])
         return str(train(train_cfg)["checkpoint"])
 

@@ -39,7 +39,7 @@ from cbr2.common.console import progress, route_library_loggers
 from cbr2.common.devices import GPU_ACCELERATORS
 from cbr2.common.provenance import git_hash
 from cbr2.common.tracking import announce, wandb_mode
-from cbr2.config import ConfigError
+from cbr2.config import ConfigError, StructuralTrainConfig, TrainDataConfig, WandbConfig
 from cbr2.data.benchmarks import structural_name
 from cbr2.structural.checkpoints import export_checkpoint
 from cbr2.structural.data import PairDataModule
@@ -75,7 +75,7 @@ precision, gradient clipping and accumulation, validation schedule ...) changes 
 or which checkpoint is exported, so it is part of the id."""
 
 
-def run_id(cfg: DictConfig) -> str:
+def run_id(data: TrainDataConfig, structural: StructuralTrainConfig, seed: int, trainer: DictConfig) -> str:
     """Ten hex digits of the SHA-256 of the resolved ``data``, ``structural``, ``seed`` and
     ``trainer`` (without ``RUN_INDEPENDENT_TRAINER_KEYS``).
 
@@ -84,10 +84,17 @@ def run_id(cfg: DictConfig) -> str:
     ``train`` hashes the precision ``resolve_precision`` chose: ``auto`` on CPUs hashes as
     ``32-true``, the default before ``auto``, so those runs keep their id and resume; an attempt
     on GPUs that train in another precision is another run.
+
+    Args:
+        data: The ``data`` section.
+        structural: The ``structural`` section.
+        seed: ``seed``.
+        trainer: The ``trainer`` section.
     """
-    full = OmegaConf.to_container(cfg, resolve=True)
-    identity = {key: full[key] for key in ("data", "structural", "seed")}
-    identity["trainer"] = {k: v for k, v in full["trainer"].items() if k not in RUN_INDEPENDENT_TRAINER_KEYS}
+    identity = {"data": OmegaConf.to_container(data, resolve=True),
+                "structural": OmegaConf.to_container(structural, resolve=True), "seed": seed}
+    identity["trainer"] = {k: v for k, v in OmegaConf.to_container(trainer, resolve=True).items()
+                           if k not in RUN_INDEPENDENT_TRAINER_KEYS}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -166,27 +173,31 @@ def auto_precision(trainer: Mapping[str, Any]) -> tuple[str, str]:
     return "16-mixed", "CUDA GPUs without bfloat16"
 
 
-def resolve_precision(cfg: DictConfig) -> DictConfig:
-    """``cfg`` with ``trainer.precision=auto`` replaced by ``auto_precision``'s choice, which is
-    logged in one line (as is a precision given explicitly, which is kept).
+def resolve_precision(trainer: Mapping[str, Any]) -> Any:
+    """The precision a run with these ``trainer.*`` settings trains in, logged in one line:
+    ``trainer.precision`` as given, or for ``auto`` ``auto_precision``'s choice.
+
+    Args:
+        trainer: The ``trainer`` section.
 
     Returns:
-        A new config when ``auto`` was replaced, else ``cfg`` itself.
+        ``trainer.precision`` itself unless it is ``auto``; else what ``auto`` stands for here.
 
     Raises:
         ConfigError: As ``auto_precision``.
     """
-    given = cfg.trainer.get("precision")
+    given = trainer.get("precision")
     if given != PRECISION_AUTO:
         log.info("precision %s (trainer.precision as given)", given)
-        return cfg
-    chosen, why = auto_precision(cfg.trainer)
+        return given
+    chosen, why = auto_precision(trainer)
     log.info("precision %s (trainer.precision=auto: %s)", chosen, why)
-    return OmegaConf.merge(cfg, {"trainer": {"precision": chosen}})
+    return chosen
 
 
-def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
-    kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
+def _trainer_kwargs(trainer: DictConfig) -> dict[str, Any]:
+    """``lightning.Trainer``'s keyword arguments from the ``trainer`` section, checked."""
+    kwargs = OmegaConf.to_container(trainer, resolve=True)
     for key in _RESERVED:
         if key in kwargs:
             raise ConfigError(f"trainer.{key} is set by train.py and cannot be overridden")
@@ -273,19 +284,27 @@ def _validate_as_is(module: StructuralRetriever, dm: PairDataModule, kwargs: dic
     return dict(module.val_metrics)
 
 
-def _loggers(cfg: DictConfig, out: Path, rid: str) -> list[Logger]:
-    config = OmegaConf.to_container(cfg, resolve=True)
+def _loggers(wandb: WandbConfig, data_name: str, config: dict[str, Any], out: Path, rid: str) -> list[Logger]:
+    """The run's loggers (CSV, and W&B unless ``wandb.mode=disabled``), each given ``config`` as hyperparameters.
+
+    Args:
+        wandb: The ``wandb`` section.
+        data_name: ``data.name`` (names the W&B run when ``wandb.name`` is unset).
+        config: The resolved configuration, as plain data.
+        out: The run folder.
+        rid: The run id.
+    """
     loggers: list[Logger] = [CSVLogger(out, name="logs")]
     try:
-        mode = wandb_mode(cfg.wandb.mode)
+        mode = wandb_mode(wandb.mode)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if mode != "disabled":
         from lightning.pytorch.loggers import WandbLogger  # imports wandb
 
-        name = cfg.wandb.name or f"structural-{cfg.data.name}-{rid}"
+        name = wandb.name or f"structural-{data_name}-{rid}"
         wandb_logger = WandbLogger(name=name, save_dir=str(out), mode=mode,
-                                   project=cfg.wandb.project, entity=cfg.wandb.entity, group=cfg.wandb.group)
+                                   project=wandb.project, entity=wandb.entity, group=wandb.group)
         # Lightning passes anonymous=None to wandb.init, and W&B warns on every run that the setting is gone.
         getattr(wandb_logger, "_wandb_init", {}).pop("anonymous", None)
         loggers.append(wandb_logger)
@@ -348,8 +367,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
     # Before the id: it, config.yaml, the loggers' hyperparameters and the export's metadata all
     # hold the precision that trains.
-    cfg = resolve_precision(cfg)
-    rid = run_id(cfg)
+    precision = resolve_precision(cfg.trainer)
+    if precision != cfg.trainer.get("precision"):
+        cfg = OmegaConf.merge(cfg, {"trainer": {"precision": precision}})
+    rid = run_id(cfg.data, cfg.structural, cfg.seed, cfg.trainer)
     name = structural_name(cfg.data)  # data.name; for your own cases, with their content's hash
     out = Path(cfg.output_dir) if cfg.output_dir else Path("outputs") / "train" / name / rid
     s = cfg.structural
@@ -358,13 +379,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                         batch_size=s.batch_size, seed=cfg.seed, hit_queries=s.sketch_hit_queries,
                         hit_pool=s.sketch_hit_pool, kb=cfg.data.kb, cases=cfg.data.cases)
     dm.setup("fit")  # fail on bad data before any model is loaded
-    kwargs = slurm_sizing(_trainer_kwargs(cfg))
+    kwargs = slurm_sizing(_trainer_kwargs(cfg.trainer))
     # Before any logger starts a W&B run: a backbone that cannot load fails here.
     module = StructuralRetriever(s.backbone, max_seq_length=s.max_seq_length, lr=s.lr, warmup_ratio=s.warmup_ratio)
     out.mkdir(parents=True, exist_ok=True)
     checkpointing = ModelCheckpoint(dirpath=out / "checkpoints", filename="best-{epoch}-{step}", monitor=MONITOR,
                                     mode="max", save_last=True, save_top_k=1, auto_insert_metric_name=False)
-    loggers = _loggers(cfg, out, rid)
+    config = OmegaConf.to_container(cfg, resolve=True)  # what the loggers and the export's metadata record
+    loggers = _loggers(cfg.wandb, cfg.data.name, config, out, rid)
     try:
         trainer = L.Trainer(**kwargs, logger=loggers, callbacks=[checkpointing, LineProgress()], default_root_dir=out)
     except TypeError as err:  # a valid name with a value Lightning rejects
@@ -397,7 +419,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "pairs_per_s": module.train_pairs * trainer.world_size / seconds if seconds else 0.0,
     }
     if trainer.is_global_zero:
-        result["best"], result["checkpoint"] = _export(cfg, module, checkpointing.best_model_path, baseline, out, rid,
+        result["best"], result["checkpoint"] = _export(cfg.structural, cfg.data, config, module,
+                                                       checkpointing.best_model_path, baseline, out, rid,
                                                        trainer.global_step, name)
     result["elapsed_s"] = time.perf_counter() - started
     if trainer.is_global_zero:
@@ -426,10 +449,24 @@ def _fit(trainer: Any, module: StructuralRetriever, dm: PairDataModule, kwargs: 
             logger.save()
 
 
-def _export(cfg: DictConfig, module: StructuralRetriever, best_path: str, baseline: dict[str, float], out: Path,
-            rid: str, steps: int, name: str) -> tuple[dict[str, float], str]:
+def _export(structural: StructuralTrainConfig, data: TrainDataConfig, config: dict[str, Any],
+            module: StructuralRetriever, best_path: str, baseline: dict[str, float], out: Path, rid: str, steps: int,
+            name: str) -> tuple[dict[str, float], str]:
     """Load the best weights (the last ones when fitting never validated) and export them with
-    their metadata, under ``name`` (``structural_name``); the best validation metrics and the exported folder."""
+    their metadata, under ``name`` (``structural_name``); the best validation metrics and the exported folder.
+
+    Args:
+        structural: The ``structural`` section (``backbone``, ``checkpoints_dir``: where the export goes).
+        data: The ``data`` section (``name``, ``root``, recorded).
+        config: The resolved configuration, as plain data (recorded).
+        module: The trained module.
+        best_path: The best Lightning checkpoint; empty when fitting never validated.
+        baseline: The untrained backbone's validation metrics.
+        out: The run folder.
+        rid: The run id.
+        steps: Optimiser steps trained.
+        name: The export's data name (``structural_name``).
+    """
     if best_path:
         # Our own run's file: it holds Lightning's loop state besides tensors, hence weights_only=False.
         state = torch.load(best_path, map_location="cpu", weights_only=False)
@@ -437,11 +474,11 @@ def _export(cfg: DictConfig, module: StructuralRetriever, best_path: str, baseli
         best = state.get("cbr2_val_metrics") or {}
     else:
         best = dict(module.val_metrics)
-    meta = {"data": {"name": cfg.data.name, "root": cfg.data.root}, "backbone": cfg.structural.backbone,
-            "metrics": best, "baseline": baseline, "config": OmegaConf.to_container(cfg, resolve=True),
+    meta = {"data": {"name": data.name, "root": data.root}, "backbone": structural.backbone,
+            "metrics": best, "baseline": baseline, "config": config,
             "git": git_hash(), "run_dir": str(out.resolve()), "run_id": rid, "steps": steps,
             "lightning_checkpoint": best_path or None}
-    return best, str(export_checkpoint(module.encoder, cfg.structural.checkpoints_dir, name, rid, meta))
+    return best, str(export_checkpoint(module.encoder, structural.checkpoints_dir, name, rid, meta))
 
 
 def _finish_wandb(loggers: list[Logger]) -> None:
