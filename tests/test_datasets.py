@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from cbr2.data.benchmarks import KQAPRO
-from cbr2.data.questions import KQAPRO_CATEGORIES, parse_metaqa_line
+from cbr2.data.questions import KQAPRO_CATEGORIES
+from cbr2.data.schema import parse_metaqa_question_line
 from cbr2.evaluation.metrics import is_correct
 from cbr2.kopl.checker import check_program
 from cbr2.kopl.executor import Executor
@@ -81,7 +82,8 @@ def test_real_metaqa_question_lines_parse():
     counts, comma_lines, comma_topics = {}, 0, 0
     for k in (1, 2, 3):
         lines = (SHARED / f"{k}-hop" / "vanilla" / "qa_test.txt").read_text(encoding="utf-8").splitlines()
-        parsed = [parse_metaqa_line(line) for line in lines]
+        rows = [parse_metaqa_question_line(line) for line in lines]
+        parsed = [(r["question"], r["topic"], r["answers"]) for r in rows]
         counts[k] = len(parsed)
         if k == 1:  # counted in the real file: commas inside names must never split them
             comma_topics = sum("," in topic for _, topic, _ in parsed)
@@ -89,8 +91,8 @@ def test_real_metaqa_question_lines_parse():
         assert all(answers and all("|" not in a for a in answers) for _, _, answers in parsed)
     assert counts == {1: 9947, 2: 14872, 3: 14274}
     assert (comma_lines, comma_topics) == (192, 100)
-    _, topic, answers = parse_metaqa_line("what does [Grégoire Colin] appear in\tBefore the Rain")
-    assert topic == "Grégoire Colin" and answers == ["Before the Rain"]
+    row = parse_metaqa_question_line("what does [Grégoire Colin] appear in\tBefore the Rain")
+    assert row["topic"] == "Grégoire Colin" and row["answers"] == ["Before the Rain"]
 
 
 def test_embedded_files_are_what_the_generator_writes(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from cbr2.data.questions import KQAPRO_CATEGORIES
 from cbr2.evaluation.metrics import ANSWER_COMPARISON
-from cbr2.report.compare import ReportError, ablation_table, load_run, main, plot_per_category, table_data
+from cbr2.report.compare import ReportError, load_run, main, plot_per_category, render_table, table_data
 
 PAPER_TABLE_5 = {
     # ablation -> (per category Hits@1 in KQA Pro order, overall), the paper's numbers.
@@ -25,6 +25,11 @@ PAPER_TABLE_5 = {
 LABELS = ["Full CBR²", "Chain", "-w/o reasoning case", "-w/o semantic case", "random case",
           "-w/o act knowledge", "-w/o ont knowledge", "-w/o knowledge"]
 HASH = "a" * 64
+
+
+def ablation_table(runs):
+    """The Table 5 markdown ``compare`` writes (ablation.md) for loaded runs."""
+    return render_table(table_data(runs))
 
 
 def write_run(root, name, per_category, *, ablation=None, benchmark="kqapro", split="val", model="Qwen/Qwen3-8B",

@@ -94,8 +94,3 @@ def string_problems(strings: Iterable[tuple[str, str, bool]]) -> Iterator[tuple[
         problem = name_problem(text, is_name)
         if problem:
             yield item, f"{text[:40]!r}{'...' if len(text) > 40 else ''} {problem}"
-
-
-def first_problem(strings: Iterable[tuple[str, str, bool]]) -> tuple[str, str] | None:
-    """``(item, what)`` of the first string of ``strings`` that cannot be carried, or None."""
-    return next(string_problems(strings), None)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cbr2.data.reading import DataError, Problems, read_json, read_text
-from cbr2.data.schema import parse_metaqa_question_line, parse_metaqa_questions, validate_kqapro_questions
+from cbr2.data.schema import parse_metaqa_questions, validate_kqapro_questions
 from cbr2.kopl.functions import canonical_name
 from cbr2.kopl.program import Program, ProgramError, Step
 from cbr2.kopl.text import to_text
@@ -249,19 +249,6 @@ def load_metaqa_questions(root: str | Path, split: str, hops: tuple[int, ...] = 
             out.append(Question(qid=f"{k}hop-{split}-{row['line']}", question=row["question"], program=program,
                                 answer=row["answers"], category=category))
     return out
-
-
-def parse_metaqa_line(line: str) -> tuple[str, str, list[str]]:
-    """Split ``question with [topic]<TAB>a1|a2`` into text, topic and answers.
-
-    Answers are split on ``|`` only: names with commas (``Girl, Interrupted``) stay whole.
-    Only the layout is checked here; ``load_metaqa_questions`` also rejects empty answers.
-
-    Raises:
-        ValueError: If the line has no tab or not exactly one bracketed topic.
-    """
-    row = parse_metaqa_question_line(line)
-    return row["question"], row["topic"], row["answers"]
 
 
 def metaqa_topics(program: Program) -> set[str]:

@@ -400,19 +400,6 @@ def versus_table(base: dict[str, Any], runs: Sequence[tuple[str, dict[str, Any]]
     return "\n".join(lines) + "\n"
 
 
-def ablation_table(runs: Sequence[dict[str, Any]], title: str | None = None) -> str:
-    """Markdown ablation table of loaded runs in the layout of the paper's Table 5.
-
-    Args:
-        runs: Results of :func:`load_run`, in any order.
-        title: First heading; ``Ablation study · BENCHMARK SPLIT`` when unset.
-
-    Raises:
-        ReportError: The runs are of different benchmarks or splits.
-    """
-    return render_table(table_data(runs), title)
-
-
 def plot_per_category(runs: Sequence[dict[str, Any]], path: str | Path, title: str | None = None) -> None:
     """Write a PNG of Hits@1 per category and overall, one bar per run in the table's order and labels
     (like the paper's Figure 5).
