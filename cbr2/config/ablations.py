@@ -18,6 +18,7 @@ comes last and must not take the run out of the setting (``check_setting``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,13 @@ cases as the dual view gives at most: k_s + k_r)."""
 def _is_amount(value: Any) -> bool:
     """Whether a setting's value is an amount (a ``k``: only 0 or above 0 defines the setting)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+@functools.cache
+def _file_values(path: Path) -> dict[str, Any]:
+    """The leaves of a setting's file, read once per process: every run asks which setting it is
+    in (``setting_of``: each of the eight, two files each), and the files ship with the code."""
+    return leaves(OmegaConf.to_container(read_yaml(path)))
 
 
 @dataclass(frozen=True)
@@ -74,10 +82,10 @@ class Ablation:
         Raises:
             ConfigError: Naming a file that cannot be read.
         """
-        values = leaves(OmegaConf.to_container(read_yaml(FULL_FILE)))
+        values = _file_values(FULL_FILE)
         if self.file != FULL_FILE:
-            values.update(leaves(OmegaConf.to_container(read_yaml(self.file))))
-        return values
+            values = {**values, **_file_values(self.file)}
+        return dict(values)
 
     def apply(self, cfg: DictConfig) -> DictConfig:
         """``cfg`` put in this setting: a copy with the defining keys set, each ``k`` the setting

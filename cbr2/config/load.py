@@ -159,12 +159,19 @@ def merge_layers(cfg: DictConfig, files: typing.Iterable[str | Path], overrides:
             bad_choices.append(choice)  # this layer is left out; the defaults stay valid
             return cfg
 
-    for path in files:
-        cfg = merge(read_yaml(path), str(path))
+    layers = [(read_yaml(path), str(path)) for path in files]
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not key=value (e.g. data.name=mini-metaqa)")
-        cfg = merge(OmegaConf.from_dotlist([item]), f"override {item!r}")
+        layers.append((OmegaConf.from_dotlist([item]), f"override {item!r}"))
+    try:
+        # One merge of every layer: each merge copies the whole configuration, and a run's
+        # command line has a dozen layers. Only when it fails are they merged one by one, to
+        # name the layer at fault (the result of a clean merge is the same either way).
+        cfg = OmegaConf.merge(cfg, *(layer for layer, _ in layers)) if layers else cfg
+    except OmegaConfBaseException:
+        for layer, where in layers:
+            cfg = merge(layer, where)
     found = bad_choices + problems(cfg)
     if found:
         raise ConfigError("; ".join(found))
