@@ -22,6 +22,7 @@ from cbr2.data import kb_store as store_module
 from cbr2.data.benchmarks import EMBEDDED_ROOT, Benchmark
 from cbr2.data.kb_loaders import load_kqapro_kb, load_metaqa_kb
 from cbr2.data.kb_store import StoredEntities, StoredKB, load_kb
+from cbr2.data.kb_store_layout import ENGINE_SECTIONS
 from cbr2.data.schema import DataError
 from cbr2.kopl.checker import check_text
 from cbr2.kopl.engine import Engine
@@ -314,17 +315,33 @@ def test_a_missing_or_malformed_file_raises_as_the_loader(tmp_path, cache):
     assert not any(p for p in (cache / "kb").glob("*") if not p.name.startswith("."))
 
 
-def test_large_kbs_freeze_their_indexes_for_the_collector(kb_file, cache, monkeypatch):
+def test_a_program_reads_only_the_index_keys_it_touches(kb_file, cache, mini_sample):
+    programs, expected = mini_sample
+    load_kb(kb_file, cache_dir=cache)
+    stored = load_kb(kb_file, cache_dir=cache)
+    mine = Executor(stored)
+    indexes = {name: stored.engine_indexes()[name] for name in ENGINE_SECTIONS}
+    assert all(index.read == 0 and len(index) > 0 for index in indexes.values())  # the engine is built
+    assert outcome(mine, programs[0]) == expected[0]
+    touched = sum(index.read for index in indexes.values())
+    assert 0 < touched < sum(len(index) for index in indexes.values()) / 4
+    assert [outcome(mine, p) for p in programs] == expected  # what was read is kept and right
+
+
+def test_large_kbs_freeze_their_indexes_for_the_collector(kb_file, cache, monkeypatch, mini_sample):
     import gc
 
+    programs, _ = mini_sample
     frozen = []
     monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
     load_kb(kb_file, cache_dir=cache)
-    Engine(load_kb(kb_file, cache_dir=cache))
+    outcome(Executor(load_kb(kb_file, cache_dir=cache)), programs[0])
     assert not frozen  # mini-kqapro is below FREEZE_FACTS
     monkeypatch.setattr(store_module, "FREEZE_FACTS", 0)
-    Engine(load_kb(kb_file, cache_dir=cache))
-    assert frozen == [True]
+    executor = Executor(load_kb(kb_file, cache_dir=cache))
+    assert not frozen  # nothing read yet
+    outcome(executor, programs[0])
+    assert frozen and all(frozen)  # once per index value the program read
 
 
 # ----------------------------------------------------------------------------- concurrency

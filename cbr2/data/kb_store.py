@@ -13,10 +13,11 @@ what is asked of it:
 
 * ``vocabulary``, ``concepts``, ``stats()``, ``name_of`` and ``source``: read with the entry
   (a small header);
-* the engine's indexes: loaded when the first ``Engine`` (``Executor(engine="cbr2")``) is
-  built (0.35 s at full size; the warm process peaks at 0.46 GB), shared by every engine of the
-  KB, so ``Engine(kb)`` never walks the entities; a large KB's are then frozen for the cyclic
-  collector (``FREEZE_FACTS``);
+* the engine's indexes: their directories are read when the first ``Engine``
+  (``Executor(engine="cbr2")``) is built, and each attribute key, relation or entity's facts
+  when a program first asks for it (``KeyedIndex``; all of them at full size took 0.35 s to
+  load whole); shared by every engine of the KB, so ``Engine(kb)`` never walks the entities;
+  a large KB's are frozen for the cyclic collector as they are read (``FREEZE_FACTS``);
 * ``entities``: a read-only mapping whose every access unpickles that one entity from the
   entry (a fresh dict each time; mutating it changes nothing). Walking all of them (what fact
   and ontology triples and ``to_kopl_dict`` for ``engine="kopl"`` do) takes about 0.5 s at full
@@ -24,7 +25,7 @@ what is asked of it:
   memory unless a caller builds it (``to_kopl_dict`` does, for the reference engine).
 
 An entry is the folder ``<cache_root()>/kb/<sha256 of the file>/`` with ``store.bin`` (pickle
-protocol 5 sections: a header, the four engine indexes, the entity offsets as int64 and the
+protocol 5 sections: a header, the four engine indexes (each keyed: a directory, then one pickle per key), the entity offsets as int64 and the
 entities one pickle each, read through ``mmap``) and ``meta.json`` (format, kind, the source's
 hash and size, the sections' offsets, the size and SHA-256 of ``store.bin``). Like the
 retrieval cache (``cbr2.retrieval.cache``) it is written to a temporary folder and renamed into
@@ -73,7 +74,7 @@ LOADERS: dict[str, Callable[[str | Path], KB]] = {"kqapro": load_kqapro_kb, "met
 file of your own)."""
 
 FREEZE_FACTS = 20_000
-"""From this many facts on, loading the engine's indexes ends with ``gc.freeze()``.
+"""From this many facts on, each read of the engine's indexes ends with ``gc.freeze()``.
 
 The indexes are millions of container objects without cycles (at full size). Left to the
 collector, they are scanned by the first collections after loading and by every full one
@@ -148,6 +149,54 @@ class StoredEntities(Mapping):
         return f"<StoredEntities: {len(self)} entities>"
 
 
+class KeyedIndex(Mapping):
+    """One of the engine's fact indexes in a store entry (``kb_store_layout.write_keyed``): key →
+    value, each value unpickled when its key is first asked for and kept from then on.
+
+    A run reads the attribute keys, relations and entities its programs touch: 30 KQA Pro
+    questions at full size read a few percent of the 29 MB of indexes, where loading them whole
+    took 0.35 s. With ``freeze`` (a large KB, ``FREEZE_FACTS``) each value read ends with
+    ``gc.freeze()``, as the whole load did, so the collector does not rescan them; there are at
+    most as many such reads as keys.
+    """
+
+    def __init__(self, view: memoryview, freeze: bool = False):
+        size = int.from_bytes(view[:8], "little")
+        with gc_paused():
+            self._directory: dict[Any, tuple[int, int]] = _loads(view[8:8 + size])
+        self._data, self._freeze = view[8 + size:], freeze
+        self._loaded: dict[Any, Any] = {}
+
+    def __getitem__(self, key: Any) -> Any:
+        try:
+            return self._loaded[key]
+        except KeyError:
+            pass
+        start, length = self._directory[key]  # KeyError for a key the index lacks, as a dict
+        with gc_paused():
+            value = self._loaded[key] = _loads(self._data[start:start + length])
+            if self._freeze:
+                gc.freeze()
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._directory
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._directory)
+
+    def __len__(self) -> int:
+        return len(self._directory)
+
+    @property
+    def read(self) -> int:
+        """How many keys have been read so far."""
+        return len(self._loaded)
+
+    def __repr__(self) -> str:
+        return f"<KeyedIndex: {self.read} of {len(self)} keys read>"
+
+
 class KBStore:
     """One opened, verified store entry.
 
@@ -169,17 +218,15 @@ class KBStore:
 
     @cached_property
     def engine_indexes(self) -> dict[str, Any]:
-        """What ``Engine.indexes`` returned when the entry was built; loaded once, then shared."""
+        """What ``Engine.indexes`` returned when the entry was built, its four fact indexes as
+        ``KeyedIndex`` mappings that read a key when it is first asked for; shared by every engine."""
         started = time.perf_counter()
         head = self.header
         indexes = {k: head[k] for k in ("ids", "nodes", "names", "members", "key_type")}
-        with gc_paused():
-            for name in ENGINE_SECTIONS:
-                indexes[name] = _loads(self.section(name))
-            if self.header["stats"].get("attribute_facts", 0) + self.header["stats"].get("relation_facts", 0) \
-                    >= FREEZE_FACTS:
-                gc.freeze()
-        log.debug("KB store %s: engine indexes loaded in %.2f s", self.entry, time.perf_counter() - started)
+        large = head["stats"].get("attribute_facts", 0) + head["stats"].get("relation_facts", 0) >= FREEZE_FACTS
+        for name in ENGINE_SECTIONS:
+            indexes[name] = KeyedIndex(self.section(name), freeze=large)
+        log.debug("KB store %s: engine index directories read in %.2f s", self.entry, time.perf_counter() - started)
         return indexes
 
     @cached_property

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -24,14 +25,14 @@ from typing import Any
 from cbr2.common.files import publish_folder
 from cbr2.kb.model import KB
 
-FORMAT = 2
+FORMAT = 3
 """Bump when the layout of an entry changes (the engine's index layout is ``INDEX_FORMAT``)."""
 
 MAGIC = b"CBR2KBS\n"
 """The first bytes of ``store.bin``."""
 
 ENGINE_SECTIONS = ("attrs", "rels", "forward", "backward")
-"""The sections that hold the engine's indexes (``Engine.indexes``)."""
+"""The sections that hold the engine's indexes (``Engine.indexes``), each keyed (``write_keyed``)."""
 SECTIONS = ("header", *ENGINE_SECTIONS, "entity_offsets", "entities")
 """The sections of ``store.bin``, in order."""
 HEADER_KEYS = ("concepts", "entity_ids", "vocabulary", "stats", "ids", "nodes", "names", "members", "key_type")
@@ -51,6 +52,24 @@ class _HashingWriter:
         self.digest.update(data)
         self.offset += len(data)
         return len(data)
+
+
+def write_keyed(out: Any, index: dict[Any, Any]) -> None:
+    """One engine index as a keyed section: the length of its directory (8 bytes, little-endian),
+    the directory (a pickle of key → ``(offset, length)``), then each key's value, one pickle each.
+
+    An engine reads only the keys a program asks for (one attribute key, one relation, the facts
+    of one entity), so a run loads the part of the index its questions touch.
+    """
+    blobs, directory = io.BytesIO(), {}
+    for key, value in index.items():
+        data = pickle.dumps(value, protocol=5)
+        directory[key] = (blobs.tell(), len(data))
+        blobs.write(data)
+    head = pickle.dumps(directory, protocol=5)
+    out.write(len(head).to_bytes(8, "little"))
+    out.write(head)
+    out.write(blobs.getbuffer())
 
 
 def write_entry(entry: Path, expected: dict[str, Any], kb: KB, indexes: dict[str, Any], path: Path,
@@ -80,7 +99,7 @@ def write_entry(entry: Path, expected: dict[str, Any], kb: KB, indexes: dict[str
 
             section("header", lambda: out.write(pickle.dumps(header, protocol=5)))
             for name in ENGINE_SECTIONS:
-                section(name, lambda name=name: out.write(pickle.dumps(indexes[name], protocol=5)))
+                section(name, lambda name=name: write_keyed(out, indexes[name]))
             offsets = [0]
             # Entities go to a temporary file first: their offsets come before them in store.bin.
             with tempfile.TemporaryFile(dir=tmp) as blobs:
