@@ -47,14 +47,6 @@ function traceOf(q) {  // the question's trace as build_trace made it: browser.p
   return t;
 }
 
-function score(x) { return typeof x === "number" ? x.toFixed(3) : null; }
-
-function triples(items, what) {
-  if (!items || !items.length) return el("div", {class: "note"}, "no " + what);
-  return el("ol", {class: "triples"}, items.map(t => el("li", {}, typeof t === "string" ? t : [t.text,
-    score(t.score) ? el("span", {class: "score"}, " " + score(t.score)) : null])));
-}
-
 function caseBlock(c, rank) {
   const found = c.found_by.map(f => f.view + (score(f.score) ? " " + score(f.score) : "")).join(", ");
   const d = el("details", {class: "case"},
@@ -68,19 +60,6 @@ function caseBlock(c, rank) {
              el("h3", {}, "its fact triples"), triples(c.facts, "fact triples"));
   });
   return d;
-}
-
-function steps(list) {  // each executed step: its call, the steps it reads, what its result holds
-  if (!list) return el("div", {class: "note"}, "no program ran");
-  if (!list.length) return el("div", {class: "note"}, "no step ran");
-  return el("ol", {class: "steps"}, list.map(s => {
-    const single = s.holds === "a count" || s.holds === "yes/no" || s.holds === "a name";
-    const more = s.count > s.first.length ? ", …" : "";
-    return el("li", {value: s.step}, el("code", {}, s.function + "[" + s.args.join(" | ") + "]"),
-      s.inputs.length ? el("span", {class: "score"}, " ← " + s.inputs.join(", ")) : null, " ⇒ ",
-      single ? [s.holds, ": ", el("b", {}, s.first.join(", "))]
-             : [s.holds + " (" + s.count + "): ", s.count ? s.first.join(", ") + more : "empty"]);
-  }));
 }
 
 function body(i) {

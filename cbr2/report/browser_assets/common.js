@@ -34,4 +34,22 @@ function setHash(params) {
   const text = params.toString();
   try { history.replaceState(null, "", text ? "#" + text : location.pathname + location.search); } catch (e) { /* file:// quirks */ }
 }
+function score(x) { return typeof x === "number" ? x.toFixed(3) : null; }
+function triples(items, what) {  // retrieved knowledge triples, each with its score when it has one
+  if (!items || !items.length) return el("div", {class: "note"}, "no " + what);
+  return el("ol", {class: "triples"}, items.map(t => el("li", {}, typeof t === "string" ? t : [t.text,
+    score(t.score) ? el("span", {class: "score"}, " " + score(t.score)) : null])));
+}
+function steps(list, id) {  // each executed step: its call, the steps it reads, what its result holds
+  if (!list) return el("div", {class: "note", id: id}, "no program ran");
+  if (!list.length) return el("div", {class: "note", id: id}, "no step ran");
+  return el("ol", {class: "steps", id: id}, list.map(s => {
+    const single = s.holds === "a count" || s.holds === "yes/no" || s.holds === "a name";
+    const more = s.count > s.first.length ? ", …" : "";
+    return el("li", {value: s.step}, el("code", {}, s.function + "[" + s.args.join(" | ") + "]"),
+      s.inputs.length ? el("span", {class: "score"}, " ← " + s.inputs.join(", ")) : null, " ⇒ ",
+      single ? [s.holds, ": ", el("b", {}, s.first.join(", "))]
+             : [s.holds + " (" + s.count + "): ", s.count ? s.first.join(", ") + more : "empty"]);
+  }));
+}
 function verdictMark(v) { return v === "right" ? "✓" : v === "wrong" ? "✗" : "·"; }

@@ -6,27 +6,6 @@ const INFO = DATA.info;
 const app = document.getElementById("app");
 const state = s => { document.body.dataset.state = s; };
 
-function score(x) { return typeof x === "number" ? x.toFixed(3) : null; }
-
-function triples(items, what) {
-  if (!items || !items.length) return el("div", {class: "note"}, "no " + what);
-  return el("ol", {class: "triples"}, items.map(t => el("li", {}, typeof t === "string" ? t : [t.text,
-    score(t.score) ? el("span", {class: "score"}, " " + score(t.score)) : null])));
-}
-
-function steps(list) {  // each executed step: its call, the steps it reads, what its result holds
-  if (!list) return el("div", {class: "note", id: "steps"}, "no program ran");
-  if (!list.length) return el("div", {class: "note", id: "steps"}, "no step ran");
-  return el("ol", {class: "steps", id: "steps"}, list.map(s => {
-    const single = s.holds === "a count" || s.holds === "yes/no" || s.holds === "a name";
-    const more = s.count > s.first.length ? ", …" : "";
-    return el("li", {value: s.step}, el("code", {}, s.function + "[" + s.args.join(" | ") + "]"),
-      s.inputs.length ? el("span", {class: "score"}, " ← " + s.inputs.join(", ")) : null, " ⇒ ",
-      single ? [s.holds, ": ", el("b", {}, s.first.join(", "))]
-             : [s.holds + " (" + s.count + "): ", s.count ? s.first.join(", ") + more : "empty"]);
-  }));
-}
-
 function caseItem(c, rank) {  // a solved question of the prompt: the views that found it, their scores
   const found = c.found_by.map(f => el("span", {class: "tag view-" + f.view},
     f.view + (score(f.score) ? " " + score(f.score) : "")));
@@ -64,7 +43,7 @@ function render(t) {  // the whole trace
        g.chars ? el("div", {class: "note"}, "clipped: the model wrote " + g.chars + " characters") : null,
        kv("seconds", typeof g.seconds === "number" ? g.seconds.toFixed(2) : g.seconds),
        kv("tokens in / out", show(pr.tokens) + " / " + show(g.tokens)))));
-  parts.push(el("h3", {}, "steps (each result: how many, the first ones)"), steps(t.steps));
+  parts.push(el("h3", {}, "steps (each result: how many, the first ones)"), steps(t.steps, "steps"));
   if (t.fallback) {
     const f = t.fallback.correction || {}, sp = t.fallback.single_pass || {};
     parts.push(el("details", {}, el("summary", {}, "fallback: the correction round (kept: " + show(f.kept) + ")"),
