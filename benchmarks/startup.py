@@ -17,7 +17,7 @@ side in this one invocation, each in a child process whose wall time and peak re
               ``DATA/cache``, ``$CBR2_CACHE_DIR``); the next ``--repeats`` are timed (warm) and their
               median is the figure.
 ``official``  ``json.load`` of the same ``kb.json`` and ``KoPLEngine`` over it (the official
-              engine's load, about 70 s at full size), ``--official-repeats`` times, median.
+              engine's load, 22-24 s at full size on the 2-core development VM), ``--official-repeats`` times, median.
 
 Prints one JSON object (every measurement, MB being MiB of ``ru_maxrss``; the medians; the ratio
 official/gold; the 1-minute load average before and after; the heavy packages the gold run
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=5, help="timed warm gold runs (default: %(default)s)")
     parser.add_argument("--official-repeats", type=int, default=1,
-                        help="timed official loads (default: %(default)s; ~70 s each at full size)")
+                        help="timed official loads (default: %(default)s; 22-24 s each at full size on 2 cores)")
     args = parser.parse_args(argv)
 
     data = args.data.resolve()
